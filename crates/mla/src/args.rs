@@ -1,0 +1,85 @@
+//! The arguments of a decode call: what the caller hands to [`crate::MlaDecode::forward`].
+//!
+//! Shapes use the contract's names: `rows = requests * query_len`, `H` query heads (times the
+//! DCP world size), `L` = kv_lora_rank, `R` = rope dim, `D = L + R`.
+
+use crate::plan::Mask;
+use crate::tensor::{TensorMut, TensorRef};
+
+/// The query, whole or in its two parts (reading two pointers saves the caller a concat).
+#[derive(Debug, Clone, Copy)]
+pub enum Query<'a> {
+    /// `[rows, H, D]`: latent part then rotary part.
+    Packed(TensorRef<'a, 3>),
+    /// `[rows, H, L]` and `[rows, H, R]`.
+    Split {
+        /// The latent ("nope") part.
+        nope: TensorRef<'a, 3>,
+        /// The rotary part.
+        rope: TensorRef<'a, 3>,
+    },
+}
+
+impl<'a> Query<'a> {
+    /// Query rows.
+    pub fn rows(&self) -> usize {
+        match self {
+            Query::Packed(q) => q.shape()[0],
+            Query::Split { nope, .. } => nope.shape()[0],
+        }
+    }
+}
+
+/// What a decode reads.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeInputs<'a> {
+    /// The query, in the model dtype.
+    pub q: Query<'a>,
+    /// `[num_blocks, page_size, D]` in the cache dtype; page and token strides are free
+    /// (a cross-layer cache), the last dimension is contiguous.
+    pub kv_cache: TensorRef<'a, 3>,
+    /// `[requests, max_blocks]` i32: the pages of each request, in order.
+    pub block_table: TensorRef<'a, 2>,
+    /// `[requests]` i32: each request's KV length, its new query tokens included.
+    pub seq_lens: TensorRef<'a, 1>,
+    /// New tokens per request (Q); rows must be `requests * query_len`.
+    pub query_len: usize,
+    /// How the Q tokens of a request see each other.
+    pub mask: Mask,
+    /// Per-tensor scale of an fp8 cache (K and V alike); ignored for 16-bit caches.
+    pub k_scale: f32,
+    /// The batch's longest `seq_len`, used only to pick the split count (vLLM's
+    /// `max_seq_len`). None: read from `seq_lens` when they are on the host.
+    pub max_seq_len: Option<usize>,
+}
+
+impl<'a> DecodeInputs<'a> {
+    /// Inputs of a single-token decode (Q = 1) with k_scale 1.
+    pub fn new(
+        q: Query<'a>,
+        kv_cache: TensorRef<'a, 3>,
+        block_table: TensorRef<'a, 2>,
+        seq_lens: TensorRef<'a, 1>,
+    ) -> Self {
+        DecodeInputs {
+            q,
+            kv_cache,
+            block_table,
+            seq_lens,
+            query_len: 1,
+            mask: Mask::Causal,
+            k_scale: 1.0,
+            max_seq_len: None,
+        }
+    }
+}
+
+/// What a decode writes.
+#[derive(Debug)]
+pub struct DecodeOutputs<'a> {
+    /// `[rows, H, L]` in the model dtype.
+    pub o: TensorMut<'a, 3>,
+    /// `[rows, H]` f32: natural-log sum of exp(scale * q.k) over the row's keys; -inf for a
+    /// row with no key.
+    pub lse: TensorMut<'a, 2>,
+}

@@ -1,0 +1,140 @@
+//! Stage 1 on the CPU: each split of each row attends to its keys and writes a normalized
+//! partial output and its LSE (natural log) to the workspace.
+//!
+//! Work item: (row, split, group of up to [`HEAD_GROUP`] heads), run in parallel by rayon.
+//! Keys go in chunks of up to [`KEY_CHUNK`] with an online softmax, as a GPU tile loop does:
+//! 1. gather the chunk's keys through the block table and decode them (fp8 times k_scale,
+//!    rounded to the query dtype);
+//! 2. `S = scale * Q K^T` (f32 GEMM);
+//! 3. per head: new running max m, `P = exp(S - m)`, row sum l += P (unrounded), P rounded to
+//!    the query dtype, accumulator rescaled by `exp(m_old - m)`;
+//! 4. `acc += P V` with V the first L columns of the same keys (f32 GEMM).
+//!
+//! The output is `acc / l`, the LSE `m + ln(l)`. Nothing here depends on other rows, so in
+//! batch-invariant mode (one split) a row's result is bitwise the same in any batch.
+
+use rayon::prelude::*;
+
+use super::gemm::{Mat, gemm};
+use super::inputs::HostInputs;
+use crate::plan::{DecodePlan, KeyRange, split_range};
+
+/// Keys per softmax step.
+pub const KEY_CHUNK: usize = 128;
+/// Heads per work item: enough rows for an efficient GEMM, small enough to spread a short
+/// batch over the cores. Fixed, so that a row's arithmetic never depends on the batch.
+pub const HEAD_GROUP: usize = 32;
+
+/// Per-thread buffers of one work item.
+struct Scratch {
+    q: Vec<f32>,   // [HEAD_GROUP, D]
+    k: Vec<f32>,   // [KEY_CHUNK, D]
+    s: Vec<f32>,   // [HEAD_GROUP, KEY_CHUNK]
+    acc: Vec<f32>, // [HEAD_GROUP, L]
+    m: Vec<f32>,   // [HEAD_GROUP]
+    l: Vec<f32>,   // [HEAD_GROUP]
+}
+
+impl Scratch {
+    fn new(d: usize, l: usize) -> Self {
+        Scratch {
+            q: vec![0.0; HEAD_GROUP * d],
+            k: vec![0.0; KEY_CHUNK * d],
+            s: vec![0.0; HEAD_GROUP * KEY_CHUNK],
+            acc: vec![0.0; HEAD_GROUP * l],
+            m: vec![0.0; HEAD_GROUP],
+            l: vec![0.0; HEAD_GROUP],
+        }
+    }
+}
+
+/// Runs stage 1 for every (row, split) of the plan. `part_o` is `[rows, splits, H, L]`,
+/// `part_lse` `[rows, splits, H]`; empty splits are left as they are.
+pub fn run(plan: &DecodePlan, src: &HostInputs<'_>, part_o: &mut [f32], part_lse: &mut [f32]) {
+    let (h, l, d) = (plan.heads, plan.kv_lora_rank, plan.head_dim());
+    let splits = plan.num_kv_splits;
+    part_o
+        .par_chunks_mut(h * l)
+        .zip(part_lse.par_chunks_mut(h))
+        .enumerate()
+        .for_each(|(rs, (o, lse))| {
+            let (row, s) = (rs / splits, rs % splits);
+            let keys = split_range(src.row_keys(plan, row), s, splits);
+            if keys.is_empty() {
+                return;
+            }
+            o.par_chunks_mut(HEAD_GROUP * l)
+                .zip(lse.par_chunks_mut(HEAD_GROUP))
+                .enumerate()
+                .for_each_init(
+                    || Scratch::new(d, l),
+                    |scratch, (g, (o, lse))| {
+                        attend(plan, src, row, g * HEAD_GROUP, keys, scratch, o, lse)
+                    },
+                );
+        });
+}
+
+/// One work item: heads `head0..head0 + lse.len()` of `row` over `keys`.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    plan: &DecodePlan,
+    src: &HostInputs<'_>,
+    row: usize,
+    head0: usize,
+    keys: KeyRange,
+    sc: &mut Scratch,
+    o: &mut [f32],
+    lse: &mut [f32],
+) {
+    let (l, d) = (plan.kv_lora_rank, plan.head_dim());
+    let hg = lse.len();
+    let request = row / plan.query_len;
+    let round = plan.model_dtype;
+
+    for i in 0..hg {
+        src.load_q(plan, row, head0 + i, &mut sc.q[i * d..(i + 1) * d]);
+    }
+    sc.m[..hg].fill(f32::NEG_INFINITY);
+    sc.l[..hg].fill(0.0);
+    sc.acc[..hg * l].fill(0.0);
+
+    for chunk in (keys.start..keys.end).step_by(KEY_CHUNK) {
+        let n = KEY_CHUNK.min(keys.end - chunk);
+        // 1. keys
+        for j in 0..n {
+            src.load_key(plan, request, chunk + j, &mut sc.k[j * d..(j + 1) * d]);
+        }
+        // 2. S = scale * Q K^T
+        let s_mat = Mat::rows(hg, n, KEY_CHUNK);
+        gemm(plan.scale, &sc.q, Mat::rows(hg, d, d), &sc.k, Mat::transposed(d, n, d), 0.0, &mut sc.s, s_mat);
+        // 3. online softmax
+        for i in 0..hg {
+            let p = &mut sc.s[i * KEY_CHUNK..i * KEY_CHUNK + n];
+            let m_new = p.iter().fold(sc.m[i], |a, &b| a.max(b));
+            // exp(-inf) = 0 on the first chunk, when the accumulator is still zero.
+            let alpha = (sc.m[i] - m_new).exp();
+            let mut sum = 0.0f32;
+            for x in p.iter_mut() {
+                let e = (*x - m_new).exp();
+                sum += e;
+                *x = round.round(e);
+            }
+            sc.l[i] = sc.l[i] * alpha + sum;
+            sc.m[i] = m_new;
+            if alpha != 1.0 {
+                sc.acc[i * l..(i + 1) * l].iter_mut().for_each(|a| *a *= alpha);
+            }
+        }
+        // 4. acc += P V
+        gemm(1.0, &sc.s, s_mat, &sc.k, Mat::rows(n, l, d), 1.0, &mut sc.acc, Mat::rows(hg, l, l));
+    }
+
+    for i in 0..hg {
+        let li = sc.l[i];
+        for (dst, a) in o[i * l..(i + 1) * l].iter_mut().zip(&sc.acc[i * l..(i + 1) * l]) {
+            *dst = a / li;
+        }
+        lse[i] = sc.m[i] + li.ln();
+    }
+}

@@ -1,0 +1,206 @@
+//! [`MlaDecode`]: the object a serving engine keeps, one per model configuration (every
+//! layer of a model can share it). It ties the pieces together in the one direction data
+//! flows: configuration -> plan -> backend.
+
+use crate::args::{DecodeInputs, DecodeOutputs};
+use crate::backend::{Backend, Device};
+use crate::config::{MlaConfig, ValidConfig};
+use crate::dtype::CacheDtype;
+use crate::error::{Error, Result};
+use crate::plan::{self, DecodePlan, WorkspaceManager};
+use crate::tensor::TensorRef;
+
+/// An MLA decoder: a validated configuration, a backend and its workspace.
+///
+/// ```
+/// use half::bf16;
+/// use mla::{DecodeInputs, DecodeOutputs, Device, MlaConfig, MlaDecode, Query, TensorMut, TensorRef};
+///
+/// let (heads, page, blocks) = (16, 64, 4);
+/// let mut dec = MlaDecode::new(&MlaConfig::new(heads, 192f32.powf(-0.5)), Device::Cpu)?;
+/// dec.reserve_workspace(8, 4096)?; // worst case: 8 rows, 4096 keys
+/// dec.lock_workspace();
+///
+/// let q = vec![bf16::from_f32(0.1); 2 * heads * 576];
+/// let kv = vec![bf16::from_f32(0.2); blocks * page * 576];
+/// let block_table = vec![0i32, 1, 2, 3];
+/// let seq_lens = vec![100i32, 30];
+/// let inputs = DecodeInputs::new(
+///     Query::Packed(TensorRef::contiguous(&q, [2, heads, 576])?),
+///     TensorRef::contiguous(&kv, [blocks, page, 576])?,
+///     TensorRef::contiguous(&block_table, [2, 2])?,
+///     TensorRef::contiguous(&seq_lens, [2])?,
+/// );
+/// let mut o = vec![bf16::ZERO; 2 * heads * 512];
+/// let mut lse = vec![0f32; 2 * heads];
+/// let mut outputs = DecodeOutputs {
+///     o: TensorMut::contiguous(&mut o, [2, heads, 512])?,
+///     lse: TensorMut::contiguous(&mut lse, [2, heads])?,
+/// };
+/// dec.forward(&inputs, &mut outputs)?;
+/// // Every key is the same, so the output is that key's value part.
+/// assert!((o[0].to_f32() - 0.2).abs() < 1e-3);
+/// # Ok::<(), mla::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct MlaDecode {
+    config: ValidConfig,
+    backend: Backend,
+    workspace: WorkspaceManager,
+    max_model_len: Option<usize>,
+}
+
+impl MlaDecode {
+    /// Validates `config` for `device` and opens its backend.
+    ///
+    /// # Errors
+    /// The configuration errors of [`MlaConfig::validate`]; [`Error::CudaNotCompiled`] or
+    /// [`Error::NoCudaDevice`] for a GPU that cannot be used.
+    pub fn new(config: &MlaConfig, device: Device) -> Result<Self> {
+        let (backend, info) = Backend::open(device)?;
+        let config = config.validate(&info)?;
+        Ok(MlaDecode {
+            config,
+            backend,
+            workspace: WorkspaceManager::new(),
+            max_model_len: None,
+        })
+    }
+
+    /// The validated configuration.
+    pub fn config(&self) -> &ValidConfig {
+        &self.config
+    }
+
+    /// The backend's name (`cpu`, `cuda`).
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// The split count the seed's rule gives for a batch whose longest span is `max_kv_len`
+    /// (clamped to the window; 1 in batch-invariant mode).
+    pub fn num_kv_splits(&self, max_kv_len: usize) -> usize {
+        if self.config.batch_invariant {
+            return 1;
+        }
+        let span = self.config.sliding_window.map_or(max_kv_len, |w| max_kv_len.min(w));
+        plan::num_kv_splits(span, self.config.sm_count)
+    }
+
+    /// Reserves the workspace for the worst case: `max_rows` query rows (max sequences times
+    /// the largest query_len) over `max_model_len` keys (clamped to the window).
+    ///
+    /// # Errors
+    /// [`Error::WorkspaceLocked`] if that needs more than a locked workspace holds;
+    /// [`Error::Overflow`].
+    pub fn reserve_workspace(&mut self, max_rows: usize, max_model_len: usize) -> Result<()> {
+        let splits = self.num_kv_splits(max_model_len);
+        let (_, bytes) = plan::decode_workspace(
+            max_rows,
+            self.config.q_heads,
+            splits,
+            self.config.kv_lora_rank,
+        )?;
+        self.grow_workspace(bytes)?;
+        self.max_model_len = Some(self.max_model_len.map_or(max_model_len, |m| m.max(max_model_len)));
+        Ok(())
+    }
+
+    /// Forbids the workspace to grow: from now on a decode that needs more is an error.
+    pub fn lock_workspace(&mut self) {
+        self.workspace.lock();
+    }
+
+    /// Bytes the workspace holds.
+    pub fn workspace_bytes(&self) -> usize {
+        self.workspace.size()
+    }
+
+    /// The split counts a decode can use up to the reserved `max_model_len`.
+    ///
+    /// # Errors
+    /// [`Error::NotReserved`] before [`MlaDecode::reserve_workspace`].
+    pub fn warmup_split_counts(&self) -> Result<Vec<usize>> {
+        let max = self
+            .max_model_len
+            .ok_or(Error::NotReserved("register_decode_warmup"))?;
+        let span = self.config.sliding_window.map_or(max, |w| max.min(w));
+        Ok(plan::warmup_split_counts(
+            span,
+            self.config.sm_count,
+            self.config.batch_invariant,
+        ))
+    }
+
+    /// Prepares every variant forward can pick for this cache (its dtype, page size and
+    /// strides) and returns the split counts covered. The CPU backend compiles nothing; it
+    /// checks the cache and reports the set.
+    ///
+    /// # Errors
+    /// [`Error::CacheDtypeMismatch`], [`Error::Dtype`] and [`Error::Shape`] for a cache this
+    /// decoder cannot read, [`Error::NotReserved`].
+    pub fn register_decode_warmup(
+        &mut self,
+        kv_cache: &TensorRef<'_, 3>,
+        kv_cache_dtype: CacheDtype,
+    ) -> Result<Vec<usize>> {
+        let configured = self.config.cache_dtype;
+        let same = kv_cache_dtype.resolve(self.config.model_dtype)? == self.config.kv_format;
+        if !same {
+            return Err(Error::CacheDtypeMismatch {
+                configured: configured.to_string(),
+                got: kv_cache_dtype.to_string(),
+            });
+        }
+        if !self.config.kv_format.accepts(kv_cache.dtype()) {
+            return Err(Error::Dtype {
+                arg: "kv_cache",
+                expected: self.config.kv_format.expected_storage().into(),
+                got: kv_cache.dtype().to_string(),
+            });
+        }
+        let d = self.config.head_dim();
+        if kv_cache.shape()[2] != d {
+            return Err(Error::Shape {
+                arg: "kv_cache",
+                expected: format!("[num_blocks, page_size, {d}]"),
+                got: kv_cache.shape().to_vec(),
+            });
+        }
+        self.warmup_split_counts()
+    }
+
+    /// Checks and plans a decode call without running it.
+    ///
+    /// # Errors
+    /// See [`DecodePlan::new`].
+    pub fn plan(&self, inputs: &DecodeInputs<'_>, outputs: &DecodeOutputs<'_>) -> Result<DecodePlan> {
+        DecodePlan::new(
+            &self.config,
+            inputs,
+            outputs,
+            self.backend.location(),
+            self.max_model_len,
+        )
+    }
+
+    /// Decodes: writes o and lse for every query row. Returns the plan it ran.
+    ///
+    /// # Errors
+    /// Argument errors (see [`DecodePlan::new`]), value errors (negative lengths, lengths
+    /// beyond the block table, block ids outside the cache) and [`Error::WorkspaceLocked`].
+    /// On error the outputs are left untouched.
+    pub fn forward(&mut self, inputs: &DecodeInputs<'_>, outputs: &mut DecodeOutputs<'_>) -> Result<DecodePlan> {
+        let plan = self.plan(inputs, outputs)?;
+        self.grow_workspace(plan.workspace_bytes)?;
+        self.backend.forward(&plan, inputs, outputs)?;
+        Ok(plan)
+    }
+
+    fn grow_workspace(&mut self, bytes: usize) -> Result<()> {
+        if self.workspace.ensure(bytes)? {
+            self.backend.resize_workspace(self.workspace.size());
+        }
+        Ok(())
+    }
+}

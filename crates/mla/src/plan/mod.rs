@@ -1,0 +1,438 @@
+//! The plan: everything about a decode call that can be decided on the host from the
+//! configuration and the arguments' metadata, before any kernel runs.
+//!
+//! [`DecodePlan::new`] checks the arguments in a fixed order (dtypes, devices, shapes,
+//! strides, batch structure, values) and records what the backends need: sizes, strides,
+//! the split count and the workspace views. Backends execute a plan; they never re-derive it.
+//!
+//! - [`extents`]: which keys each query row sees.
+//! - [`splits`]: the split count and each split's keys.
+//! - [`workspace`]: the locked scratch buffer and its aligned views.
+
+pub mod extents;
+pub mod splits;
+pub mod workspace;
+
+pub use extents::{KeyRange, Mask, key_range};
+pub use splits::{num_kv_splits, split_range, warmup_split_counts};
+pub use workspace::{Region, WorkspaceManager};
+
+use crate::args::{DecodeInputs, DecodeOutputs, Query};
+use crate::config::ValidConfig;
+use crate::dtype::{DType, KvFormat, ModelDtype};
+use crate::error::{Error, Result};
+use crate::tensor::Location;
+
+/// Where the q parts are: element strides of the latent and rotary parts (for a packed q both
+/// parts share the tensor and the rotary part starts at column L).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryLayout {
+    /// Whether q is one `[rows, H, D]` tensor.
+    pub packed: bool,
+    /// Row and head strides of the latent part.
+    pub nope_strides: [usize; 2],
+    /// Row and head strides of the rotary part.
+    pub rope_strides: [usize; 2],
+}
+
+/// Geometry of the paged cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheLayout {
+    /// Blocks (pages) in the cache.
+    pub num_blocks: usize,
+    /// Keys per page.
+    pub page_size: usize,
+    /// Elements from one page to the next.
+    pub page_stride: usize,
+    /// Elements from one key to the next within a page.
+    pub token_stride: usize,
+}
+
+/// A checked decode call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodePlan {
+    /// Query rows (requests * query_len).
+    pub rows: usize,
+    /// Requests.
+    pub requests: usize,
+    /// Query tokens per request.
+    pub query_len: usize,
+    /// Mask among a request's query tokens.
+    pub mask: Mask,
+    /// Sliding window.
+    pub window: Option<usize>,
+    /// Heads in q and o.
+    pub heads: usize,
+    /// L.
+    pub kv_lora_rank: usize,
+    /// R.
+    pub rope_dim: usize,
+    /// Softmax scale.
+    pub scale: f32,
+    /// q and o dtype.
+    pub model_dtype: ModelDtype,
+    /// Cache storage format.
+    pub kv_format: KvFormat,
+    /// Scale of an fp8 cache (1 otherwise).
+    pub k_scale: f32,
+    /// Splits per row (the seed's rule, 1 in batch-invariant mode).
+    pub num_kv_splits: usize,
+    /// q geometry.
+    pub q: QueryLayout,
+    /// Cache geometry.
+    pub kv: CacheLayout,
+    /// Entries per block-table row.
+    pub max_blocks: usize,
+    /// Elements from one block-table row to the next.
+    pub block_table_stride: usize,
+    /// Row and head strides of o.
+    pub o_strides: [usize; 2],
+    /// Row stride of lse.
+    pub lse_stride: usize,
+    /// Workspace views: split partial outputs `[rows, splits, H, L]` f32 and their LSEs
+    /// `[rows, splits, H]` f32.
+    pub workspace: [Region; 2],
+    /// Bytes the workspace must hold for this call.
+    pub workspace_bytes: usize,
+}
+
+impl DecodePlan {
+    /// Row width D = L + R.
+    pub fn head_dim(&self) -> usize {
+        self.kv_lora_rank + self.rope_dim
+    }
+
+    /// Keys row `row` sees, from its request's length.
+    pub fn row_keys(&self, row: usize, seq_len: usize) -> KeyRange {
+        key_range(
+            seq_len,
+            row % self.query_len,
+            self.query_len,
+            self.mask,
+            self.window,
+        )
+    }
+
+    /// Checks a decode call and plans it.
+    ///
+    /// `location` is where the backend runs; `max_model_len` (from the workspace reservation)
+    /// stands in for the batch's longest length when seq_lens are on the device and the caller
+    /// gave no `max_seq_len`.
+    ///
+    /// # Errors
+    /// [`Error::Dtype`], [`Error::WrongDevice`], [`Error::Shape`], [`Error::Stride`],
+    /// [`Error::NonUniformDecode`], [`Error::QueryLen`], [`Error::CausalMultiTokenWithDcp`],
+    /// [`Error::KScale`], [`Error::NegativeSeqLen`] (host seq_lens), [`Error::Overflow`].
+    pub fn new(
+        cfg: &ValidConfig,
+        inputs: &DecodeInputs<'_>,
+        outputs: &DecodeOutputs<'_>,
+        location: Location,
+        max_model_len: Option<usize>,
+    ) -> Result<DecodePlan> {
+        let (h, l, r) = (cfg.q_heads, cfg.kv_lora_rank, cfg.rope_dim);
+        let d = l + r;
+        let model = cfg.model_dtype.storage();
+
+        // 1. dtypes
+        match &inputs.q {
+            Query::Packed(q) => dtype("q", q.dtype(), model)?,
+            Query::Split { nope, rope } => {
+                dtype("q_nope", nope.dtype(), model)?;
+                dtype("q_pe", rope.dtype(), model)?;
+            }
+        }
+        if !cfg.kv_format.accepts(inputs.kv_cache.dtype()) {
+            return Err(Error::Dtype {
+                arg: "kv_cache",
+                expected: format!(
+                    "{} (kv_cache_dtype {})",
+                    cfg.kv_format.expected_storage(),
+                    cfg.cache_dtype
+                ),
+                got: inputs.kv_cache.dtype().to_string(),
+            });
+        }
+        dtype("block_table", inputs.block_table.dtype(), DType::I32)?;
+        dtype("seq_lens", inputs.seq_lens.dtype(), DType::I32)?;
+        dtype("o", outputs.o.dtype(), model)?;
+        dtype("lse", outputs.lse.dtype(), DType::F32)?;
+
+        // 2. devices
+        let mut locations = vec![
+            ("kv_cache", inputs.kv_cache.location()),
+            ("block_table", inputs.block_table.location()),
+            ("seq_lens", inputs.seq_lens.location()),
+            ("o", outputs.o.location()),
+            ("lse", outputs.lse.location()),
+        ];
+        match &inputs.q {
+            Query::Packed(q) => locations.push(("q", q.location())),
+            Query::Split { nope, rope } => {
+                locations.push(("q_nope", nope.location()));
+                locations.push(("q_pe", rope.location()));
+            }
+        }
+        for (arg, got) in locations {
+            if got != location {
+                return Err(Error::WrongDevice {
+                    arg,
+                    expected: location.to_string(),
+                    got: got.to_string(),
+                });
+            }
+        }
+
+        // 3. shapes
+        let rows = inputs.q.rows();
+        let q = match &inputs.q {
+            Query::Packed(q) => {
+                shape("q", q.shape(), [Dim::Any("rows"), Dim::Is(h), Dim::Is(d)])?;
+                last_contiguous("q", q.shape(), q.strides())?;
+                let s = [q.strides()[0], q.strides()[1]];
+                QueryLayout {
+                    packed: true,
+                    nope_strides: s,
+                    rope_strides: s,
+                }
+            }
+            Query::Split { nope, rope } => {
+                shape("q_nope", nope.shape(), [Dim::Any("rows"), Dim::Is(h), Dim::Is(l)])?;
+                shape("q_pe", rope.shape(), [Dim::Is(rows), Dim::Is(h), Dim::Is(r)])?;
+                last_contiguous("q_nope", nope.shape(), nope.strides())?;
+                last_contiguous("q_pe", rope.shape(), rope.strides())?;
+                QueryLayout {
+                    packed: false,
+                    nope_strides: [nope.strides()[0], nope.strides()[1]],
+                    rope_strides: [rope.strides()[0], rope.strides()[1]],
+                }
+            }
+        };
+        let kv = inputs.kv_cache;
+        shape("kv_cache", kv.shape(), [Dim::Any("num_blocks"), Dim::Any("page_size"), Dim::Is(d)])?;
+        let [num_blocks, page_size, _] = kv.shape();
+        if num_blocks == 0 || page_size == 0 {
+            return Err(Error::Shape {
+                arg: "kv_cache",
+                expected: format!("[num_blocks >= 1, page_size >= 1, {d}]"),
+                got: kv.shape().to_vec(),
+            });
+        }
+        let requests = inputs.seq_lens.shape()[0];
+        shape("block_table", inputs.block_table.shape(), [Dim::Is(requests), Dim::Any("max_blocks")])?;
+        shape("o", outputs.o.shape(), [Dim::Is(rows), Dim::Is(h), Dim::Is(l)])?;
+        shape("lse", outputs.lse.shape(), [Dim::Is(rows), Dim::Is(h)])?;
+
+        // 4. strides
+        let [page_stride, token_stride, _] = kv.strides();
+        last_contiguous("kv_cache", kv.shape(), kv.strides())?;
+        if page_size > 1 && token_stride < d {
+            return Err(stride("kv_cache", "keys of a page overlap: token stride < row width", &kv.strides(), &kv.shape()));
+        }
+        if num_blocks > 1 && page_stride < (page_size - 1) * token_stride + d {
+            return Err(stride("kv_cache", "pages overlap: page stride < (page_size - 1) * token stride + row width", &kv.strides(), &kv.shape()));
+        }
+        let bt = inputs.block_table;
+        let max_blocks = bt.shape()[1];
+        last_contiguous("block_table", bt.shape(), bt.strides())?;
+        if inputs.seq_lens.strides()[0] != 1 && requests > 1 {
+            return Err(stride("seq_lens", "seq_lens must be contiguous", &inputs.seq_lens.strides(), &inputs.seq_lens.shape()));
+        }
+        let o = &outputs.o;
+        last_contiguous("o", o.shape(), o.strides())?;
+        let [o_row, o_head, _] = o.strides();
+        if (h > 1 && o_head < l) || (rows > 1 && o_row < (h - 1) * o_head + l) {
+            return Err(stride("o", "output rows or heads overlap", &o.strides(), &o.shape()));
+        }
+        let lse = &outputs.lse;
+        last_contiguous("lse", lse.shape(), lse.strides())?;
+        if rows > 1 && lse.strides()[0] < h {
+            return Err(stride("lse", "lse rows overlap", &lse.strides(), &lse.shape()));
+        }
+
+        // 5. batch structure
+        if inputs.query_len == 0 {
+            return Err(Error::config("query_len", "expected at least 1, got 0"));
+        }
+        if !rows.is_multiple_of(requests) {
+            return Err(Error::NonUniformDecode { rows, requests });
+        }
+        if requests != 0 && rows / requests != inputs.query_len {
+            return Err(Error::QueryLen {
+                expected: rows / requests,
+                got: inputs.query_len,
+                rows,
+                requests,
+            });
+        }
+        if cfg.dcp_world_size > 1 && inputs.query_len > 1 && inputs.mask == Mask::Causal {
+            return Err(Error::CausalMultiTokenWithDcp);
+        }
+
+        // 6. values known on the host
+        let k_scale = if cfg.kv_format.is_fp8() {
+            if !(inputs.k_scale.is_finite() && inputs.k_scale > 0.0) {
+                return Err(Error::KScale(inputs.k_scale));
+            }
+            inputs.k_scale
+        } else {
+            1.0
+        };
+        let host_max = match inputs.seq_lens.host_slice::<i32>() {
+            Some(lens) => Some(max_seq_len(lens)?),
+            None => None,
+        };
+        let max_seq = inputs.max_seq_len.or(host_max).or(max_model_len).ok_or(
+            Error::NotReserved("a decode with seq_lens on the device and no max_seq_len"),
+        )?;
+
+        let num_kv_splits = if cfg.batch_invariant {
+            1
+        } else {
+            let span = cfg.sliding_window.map_or(max_seq, |w| max_seq.min(w));
+            num_kv_splits(span, cfg.sm_count)
+        };
+        let (workspace, workspace_bytes) = decode_workspace(rows, h, num_kv_splits, l)?;
+
+        Ok(DecodePlan {
+            rows,
+            requests,
+            query_len: inputs.query_len,
+            mask: inputs.mask,
+            window: cfg.sliding_window,
+            heads: h,
+            kv_lora_rank: l,
+            rope_dim: r,
+            scale: cfg.scale,
+            model_dtype: cfg.model_dtype,
+            kv_format: cfg.kv_format,
+            k_scale,
+            num_kv_splits,
+            q,
+            kv: CacheLayout {
+                num_blocks,
+                page_size,
+                page_stride,
+                token_stride,
+            },
+            max_blocks,
+            block_table_stride: bt.strides()[0],
+            o_strides: [o_row, o_head],
+            lse_stride: lse.strides()[0],
+            workspace,
+            workspace_bytes,
+        })
+    }
+}
+
+/// The workspace views of a decode: partial outputs `[rows, splits, heads, L]` f32 and their
+/// LSEs `[rows, splits, heads]` f32. Used by the plan and by the worst-case reservation, so
+/// the two always agree.
+pub fn decode_workspace(
+    rows: usize,
+    heads: usize,
+    splits: usize,
+    kv_lora_rank: usize,
+) -> Result<([Region; 2], usize)> {
+    let overflow = || Error::Overflow {
+        what: "workspace",
+        detail: format!(
+            "{rows} rows x {heads} heads x {splits} splits x {kv_lora_rank} values"
+        ),
+    };
+    let lse = rows
+        .checked_mul(heads)
+        .and_then(|x| x.checked_mul(splits))
+        .and_then(|x| x.checked_mul(4))
+        .ok_or_else(overflow)?;
+    let o = lse.checked_mul(kv_lora_rank).ok_or_else(overflow)?;
+    workspace::layout([o, lse])
+}
+
+/// The longest length in host seq_lens; an error for a negative one.
+fn max_seq_len(lens: &[i32]) -> Result<usize> {
+    let mut max = 0usize;
+    for (request, &len) in lens.iter().enumerate() {
+        let len = usize::try_from(len).map_err(|_| Error::NegativeSeqLen { request, len })?;
+        max = max.max(len);
+    }
+    Ok(max)
+}
+
+fn dtype(arg: &'static str, got: DType, want: DType) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::Dtype {
+            arg,
+            expected: want.to_string(),
+            got: got.to_string(),
+        })
+    }
+}
+
+/// One dimension of an expected shape: free (named in the message) or fixed.
+#[derive(Clone, Copy)]
+enum Dim {
+    Any(&'static str),
+    Is(usize),
+}
+
+fn shape<const N: usize>(arg: &'static str, got: [usize; N], want: [Dim; N]) -> Result<()> {
+    let ok = got.iter().zip(&want).all(|(&g, w)| match w {
+        Dim::Any(_) => true,
+        Dim::Is(n) => g == *n,
+    });
+    if ok {
+        return Ok(());
+    }
+    let dims: Vec<String> = want
+        .iter()
+        .map(|w| match w {
+            Dim::Any(name) => name.to_string(),
+            Dim::Is(n) => n.to_string(),
+        })
+        .collect();
+    Err(Error::Shape {
+        arg,
+        expected: format!("[{}]", dims.join(", ")),
+        got: got.to_vec(),
+    })
+}
+
+fn last_contiguous<const N: usize>(arg: &'static str, shape: [usize; N], strides: [usize; N]) -> Result<()> {
+    if shape[N - 1] > 1 && strides[N - 1] != 1 {
+        return Err(stride(arg, "the last dimension must be contiguous", &strides, &shape));
+    }
+    Ok(())
+}
+
+fn stride(arg: &'static str, reason: &str, strides: &[usize], shape: &[usize]) -> Error {
+    Error::Stride {
+        arg,
+        reason: reason.into(),
+        strides: strides.to_vec(),
+        shape: shape.to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_matches_the_seed_size_plus_alignment() {
+        let (r, total) = decode_workspace(8, 16, 4, 512).unwrap();
+        let seed = 8 * 16 * 4 * (512 + 1) * 4;
+        assert_eq!(r[0].bytes + r[1].bytes, seed);
+        assert!(total >= seed && total < seed + 256);
+    }
+
+    #[test]
+    fn negative_lengths_are_named() {
+        let e = max_seq_len(&[3, -2]).unwrap_err();
+        assert_eq!(e.to_string(), "seq_lens[1]: expected a length >= 0, got -2");
+        assert_eq!(max_seq_len(&[3, 9, 0]).unwrap(), 9);
+        assert_eq!(max_seq_len(&[]).unwrap(), 0);
+    }
+}

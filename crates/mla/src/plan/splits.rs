@@ -1,0 +1,102 @@
+//! Split-KV: how many splits a batch uses and which keys each split of a row covers.
+//!
+//! The rule is vLLM's (`_compute_num_kv_splits`): one split per 512 keys of the batch's
+//! longest span, rounded up to a power of two, at most two per SM; one split in
+//! batch-invariant mode. The CPU backend follows it exactly so that it stays the reference.
+
+use super::extents::KeyRange;
+
+/// Keys per split that the rule aims at.
+const KEYS_PER_SPLIT: usize = 512;
+
+/// `min(next_pow2(max(1, max_kv_len / 512)), 2 * sm_count)`, at least 1.
+pub fn num_kv_splits(max_kv_len: usize, sm_count: usize) -> usize {
+    let want = (max_kv_len / KEYS_PER_SPLIT).max(1).next_power_of_two();
+    want.min(2 * sm_count).max(1)
+}
+
+/// The split counts a decode can pick for lengths up to `max_kv_len`: the powers of two below
+/// the maximum's bit length and the maximum itself; only 1 in batch-invariant mode.
+pub fn warmup_split_counts(max_kv_len: usize, sm_count: usize, batch_invariant: bool) -> Vec<usize> {
+    if batch_invariant {
+        return vec![1];
+    }
+    let max = num_kv_splits(max_kv_len, sm_count);
+    let bits = usize::BITS - max.leading_zeros();
+    let mut counts: Vec<usize> = (0..bits).map(|i| 1usize << i).collect();
+    if !counts.contains(&max) {
+        counts.push(max);
+    }
+    counts
+}
+
+/// Split `s` of `splits` of a row's keys: `per = ceil(len / splits)`, keys
+/// `[start + s * per, min(start + (s + 1) * per, end))`; empty when the row is short.
+pub fn split_range(row: KeyRange, s: usize, splits: usize) -> KeyRange {
+    let per = row.len().div_ceil(splits);
+    let start = (row.start + s * per).min(row.end);
+    let end = (start + per).min(row.end);
+    KeyRange { start, end }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_count_follows_vllm() {
+        // (max_kv_len, sm_count, expected)
+        let cases = [
+            (0, 132, 1),
+            (1, 132, 1),
+            (1023, 132, 1),
+            (1024, 132, 2),
+            (1536, 132, 4), // 3 -> next power of two
+            (8192, 132, 16),
+            (32768, 132, 64),
+            (131072, 132, 256),
+            (1 << 20, 132, 264), // capped at 2 * SMs, not a power of two
+            (1 << 20, 66, 132),
+            (4096, 2, 4),
+        ];
+        for (len, sms, want) in cases {
+            assert_eq!(num_kv_splits(len, sms), want, "len {len} sms {sms}");
+        }
+    }
+
+    #[test]
+    fn warmup_counts_cover_every_choice() {
+        assert_eq!(warmup_split_counts(8192, 132, false), [1, 2, 4, 8, 16]);
+        assert_eq!(warmup_split_counts(1 << 20, 132, false), [1, 2, 4, 8, 16, 32, 64, 128, 256, 264]);
+        assert_eq!(warmup_split_counts(100, 132, false), [1]);
+        assert_eq!(warmup_split_counts(1 << 20, 132, true), [1]);
+        // Every count the rule can produce at or below the maximum length is in the set.
+        let set = warmup_split_counts(300_000, 7, false);
+        for len in (0..300_000).step_by(977) {
+            assert!(set.contains(&num_kv_splits(len, 7)), "len {len}");
+        }
+    }
+
+    #[test]
+    fn splits_tile_the_row_in_order() {
+        for (start, end, splits) in [(0, 0, 4), (0, 1, 4), (3, 1000, 7), (5, 9, 16), (0, 512, 1)] {
+            let row = KeyRange { start, end };
+            let mut next = start;
+            for s in 0..splits {
+                let r = split_range(row, s, splits);
+                if r.is_empty() {
+                    continue;
+                }
+                assert_eq!(r.start, next, "{row:?} split {s}");
+                next = r.end;
+            }
+            assert_eq!(next, end, "{row:?} in {splits}");
+        }
+        // ceil(10 / 4) = 3: [0,3) [3,6) [6,9) [9,10)
+        let r = KeyRange { start: 0, end: 10 };
+        assert_eq!(split_range(r, 3, 4), KeyRange { start: 9, end: 10 });
+        // ceil(3 / 4) = 1: the fourth split is empty
+        let r = KeyRange { start: 0, end: 3 };
+        assert!(split_range(r, 3, 4).is_empty());
+    }
+}

@@ -1,0 +1,150 @@
+//! The workspace manager: one scratch buffer shared by every decode call, reserved at the
+//! worst case and then locked (vLLM's `WorkspaceManager`).
+//!
+//! This module is bookkeeping only: sizes, 256-byte aligned offsets and the lock. The backend
+//! owns the memory (a host `Vec` or a device allocation) and resizes it when
+//! [`WorkspaceManager::ensure`] reports growth, which can only happen before the lock. Once
+//! locked, a decode that would need more is an error, never an allocation: that is what lets
+//! forward run inside CUDA-graph capture.
+
+use crate::error::{Error, Result};
+
+/// Alignment of every view into the workspace, in bytes.
+pub const ALIGN: usize = 256;
+
+/// A view into the workspace: `bytes` bytes from `offset` (a multiple of [`ALIGN`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    /// Byte offset from the start of the buffer.
+    pub offset: usize,
+    /// Length in bytes.
+    pub bytes: usize,
+}
+
+/// Size and lock state of the workspace.
+#[derive(Debug, Clone, Default)]
+pub struct WorkspaceManager {
+    size: usize,
+    locked: bool,
+}
+
+fn align_up(x: usize) -> Option<usize> {
+    x.checked_next_multiple_of(ALIGN)
+}
+
+/// Lays out `K` simultaneous views back to back, each at a 256-byte aligned offset. Returns
+/// the views and the bytes they need in all.
+pub fn layout<const K: usize>(bytes: [usize; K]) -> Result<([Region; K], usize)> {
+    let mut regions = [Region { offset: 0, bytes: 0 }; K];
+    let mut end = 0usize;
+    for (r, &b) in regions.iter_mut().zip(&bytes) {
+        let offset = align_up(end).ok_or_else(|| overflow(&bytes))?;
+        end = offset.checked_add(b).ok_or_else(|| overflow(&bytes))?;
+        *r = Region { offset, bytes: b };
+    }
+    Ok((regions, end))
+}
+
+fn overflow(bytes: &[usize]) -> Error {
+    Error::Overflow {
+        what: "workspace",
+        detail: format!("views of {bytes:?} bytes"),
+    }
+}
+
+impl WorkspaceManager {
+    /// An empty, unlocked workspace.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes the backend's buffer must hold.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Whether growth is forbidden.
+    pub fn is_locked(&self) -> bool {
+        self.locked
+    }
+
+    /// Forbids growth from now on.
+    pub fn lock(&mut self) {
+        self.locked = true;
+    }
+
+    /// Makes room for `required` bytes. Returns whether the size grew (the backend must then
+    /// resize its buffer to [`WorkspaceManager::size`]).
+    ///
+    /// # Errors
+    /// [`Error::WorkspaceLocked`] if it would grow after [`WorkspaceManager::lock`].
+    pub fn ensure(&mut self, required: usize) -> Result<bool> {
+        if required <= self.size {
+            return Ok(false);
+        }
+        if self.locked {
+            return Err(Error::WorkspaceLocked {
+                required,
+                current: self.size,
+            });
+        }
+        self.size = required;
+        Ok(true)
+    }
+
+    /// Lays out simultaneous views and makes room for them.
+    ///
+    /// # Errors
+    /// As [`WorkspaceManager::ensure`], and [`Error::Overflow`] for sizes beyond `usize`.
+    pub fn simultaneous<const K: usize>(&mut self, bytes: [usize; K]) -> Result<[Region; K]> {
+        let (regions, total) = layout(bytes)?;
+        self.ensure(total)?;
+        Ok(regions)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn views_are_aligned_and_disjoint() {
+        let (r, total) = layout([1000, 4, 0, 256]).unwrap();
+        assert_eq!(r[0], Region { offset: 0, bytes: 1000 });
+        assert_eq!(r[1], Region { offset: 1024, bytes: 4 });
+        assert_eq!(r[2], Region { offset: 1280, bytes: 0 });
+        assert_eq!(r[3], Region { offset: 1280, bytes: 256 });
+        assert_eq!(total, 1536);
+        for v in r {
+            assert_eq!(v.offset % ALIGN, 0);
+        }
+    }
+
+    #[test]
+    fn grows_until_locked_then_refuses() {
+        let mut w = WorkspaceManager::new();
+        assert!(w.ensure(100).unwrap());
+        assert!(!w.ensure(50).unwrap());
+        assert_eq!(w.size(), 100);
+        w.simultaneous([300, 300]).unwrap();
+        assert_eq!(w.size(), 812); // [0, 300) and [512, 812)
+        w.lock();
+        assert!(w.is_locked());
+        // Within the locked size: fine.
+        w.simultaneous([256, 300]).unwrap();
+        let e = w.simultaneous([2 << 20, 1 << 20]).unwrap_err();
+        match e {
+            Error::WorkspaceLocked { required, current } => {
+                assert_eq!(current, 812);
+                assert_eq!(required, 3 << 20);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(w.size(), 812, "a refused request leaves the size alone");
+    }
+
+    #[test]
+    fn overflow_is_an_error() {
+        assert!(matches!(layout([usize::MAX, 1]), Err(Error::Overflow { .. })));
+    }
+}

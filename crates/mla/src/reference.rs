@@ -1,0 +1,244 @@
+//! The f64 oracle: straight softmax attention over the keys each row sees, with no splits,
+//! no chunks and no rounding of its own. Slow on purpose; every backend is checked against it.
+//!
+//! It reads the same arguments as [`crate::MlaDecode::forward`] and takes the key and value
+//! numbers through the same [`crate::KvFormat::decoder`] (decoded, times k_scale, rounded to
+//! the query dtype), so the only differences it measures are the backend's arithmetic. Which
+//! keys a row sees is written out again here from the contract, on purpose, rather than taken
+//! from the plan: the oracle must not share the code it checks.
+
+use rayon::prelude::*;
+
+use crate::args::{DecodeInputs, Query};
+use crate::config::ValidConfig;
+use crate::error::{Error, Result};
+use crate::plan::Mask;
+use crate::tensor::TensorRef;
+
+/// Reference outputs in f64: `o` is `[rows, H, L]`, `lse` is `[rows, H]` (natural log;
+/// -inf for a row with no key).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reference {
+    /// Rows computed.
+    pub rows: usize,
+    /// Heads.
+    pub heads: usize,
+    /// L.
+    pub kv_lora_rank: usize,
+    /// `[rows, H, L]`.
+    pub o: Vec<f64>,
+    /// `[rows, H]`.
+    pub lse: Vec<f64>,
+}
+
+fn oob(what: &str) -> Error {
+    Error::memory("reference", format!("{what} is outside its tensor"))
+}
+
+/// Element `idx` of a host tensor as f64 (16-bit q only).
+fn half_at(t: &TensorRef<'_, 3>, idx: usize) -> Result<f64> {
+    let v = match t.dtype() {
+        crate::DType::BF16 => t.host_slice::<half::bf16>().and_then(|s| s.get(idx)).map(|x| x.to_f64()),
+        crate::DType::F16 => t.host_slice::<half::f16>().and_then(|s| s.get(idx)).map(|x| x.to_f64()),
+        _ => None,
+    };
+    v.ok_or_else(|| oob("a q element"))
+}
+
+/// q of one row and head as f64, `[D]`.
+fn query(q: &Query<'_>, row: usize, head: usize, l: usize, r: usize) -> Result<Vec<f64>> {
+    let at = |t: &TensorRef<'_, 3>, col: usize| {
+        let s = t.strides();
+        half_at(t, row * s[0] + head * s[1] + col)
+    };
+    (0..l + r)
+        .map(|c| match q {
+            Query::Packed(t) => at(t, c),
+            Query::Split { nope, rope } => {
+                if c < l {
+                    at(nope, c)
+                } else {
+                    at(rope, c - l)
+                }
+            }
+        })
+        .collect()
+}
+
+/// Computes the first `max_rows` rows (all when None) in f64.
+///
+/// # Errors
+/// [`Error::Memory`] for device tensors or indices outside a tensor (a bad block id, a
+/// length beyond the block table): the reference never reads out of bounds.
+pub fn decode_f64(cfg: &ValidConfig, inputs: &DecodeInputs<'_>, max_rows: Option<usize>) -> Result<Reference> {
+    let (h, l, r) = (cfg.q_heads, cfg.kv_lora_rank, cfg.rope_dim);
+    let d = l + r;
+    let ql = inputs.query_len.max(1);
+    let rows = max_rows.map_or(inputs.q.rows(), |m| m.min(inputs.q.rows()));
+    let host = |arg| Error::memory(arg, "the reference reads host tensors only");
+    let lens = inputs.seq_lens.host_slice::<i32>().ok_or_else(|| host("seq_lens"))?;
+    let table = inputs.block_table.host_slice::<i32>().ok_or_else(|| host("block_table"))?;
+    let kv = inputs.kv_cache.host_bytes().ok_or_else(|| host("kv_cache"))?;
+    let k_scale = if cfg.kv_format.is_fp8() { inputs.k_scale } else { 1.0 };
+    let decoder = cfg.kv_format.decoder(cfg.model_dtype, k_scale);
+    let elem = cfg.kv_format.size();
+    let [_, page_size, _] = inputs.kv_cache.shape();
+    let [page_stride, token_stride, _] = inputs.kv_cache.strides();
+    let bt_stride = inputs.block_table.strides()[0];
+    let num_blocks = inputs.kv_cache.shape()[0];
+
+    let per_row: Vec<Result<(Vec<f64>, Vec<f64>)>> = (0..rows)
+        .into_par_iter()
+        .map(|row| {
+            let (req, t) = (row / ql, row % ql);
+            let len = usize::try_from(*lens.get(req).ok_or_else(|| oob("a seq_len"))?)
+                .map_err(|_| oob("a negative seq_len"))?;
+            // The contract, written out: causal rows end at their own token.
+            let end = match inputs.mask {
+                Mask::Causal => len.saturating_sub(ql - 1 - t),
+                Mask::NonCausal => len,
+            };
+            let start = cfg.sliding_window.map_or(0, |w| end.saturating_sub(w));
+            let n = end - start;
+            let mut keys = vec![0f32; n * d];
+            for (j, key) in keys.chunks_exact_mut(d).enumerate() {
+                let p = start + j;
+                let block = *table
+                    .get(req * bt_stride + p / page_size)
+                    .ok_or_else(|| oob("a block table entry"))?;
+                let block = usize::try_from(block)
+                    .ok()
+                    .filter(|&b| b < num_blocks)
+                    .ok_or_else(|| oob("a block id"))?;
+                let off = (block * page_stride + (p % page_size) * token_stride) * elem;
+                let src = kv.get(off..off + d * elem).ok_or_else(|| oob("a key"))?;
+                decoder.decode(src, key);
+            }
+            let mut o = vec![0f64; h * l];
+            let mut lse = vec![f64::NEG_INFINITY; h];
+            for head in 0..h {
+                if n == 0 {
+                    continue;
+                }
+                let q = query(&inputs.q, row, head, l, r)?;
+                let scores: Vec<f64> = keys
+                    .chunks_exact(d)
+                    .map(|k| cfg.scale as f64 * dot(&q, k))
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let sum: f64 = w.iter().sum();
+                lse[head] = m + sum.ln();
+                let out = &mut o[head * l..(head + 1) * l];
+                for (k, wj) in keys.chunks_exact(d).zip(&w) {
+                    for (acc, &v) in out.iter_mut().zip(&k[..l]) {
+                        *acc += wj / sum * v as f64;
+                    }
+                }
+            }
+            Ok((o, lse))
+        })
+        .collect();
+
+    let mut out = Reference {
+        rows,
+        heads: h,
+        kv_lora_rank: l,
+        o: Vec::with_capacity(rows * h * l),
+        lse: Vec::with_capacity(rows * h),
+    };
+    for res in per_row {
+        let (o, lse) = res?;
+        out.o.extend(o);
+        out.lse.extend(lse);
+    }
+    Ok(out)
+}
+
+/// f64 dot product with independent partial sums (so it vectorizes).
+fn dot(q: &[f64], k: &[f32]) -> f64 {
+    let mut acc = [0f64; 8];
+    let (qc, kc) = (q.chunks_exact(8), k.chunks_exact(8));
+    let (qr, kr) = (qc.remainder(), kc.remainder());
+    for (a, b) in qc.zip(kc) {
+        for i in 0..8 {
+            acc[i] += a[i] * b[i] as f64;
+        }
+    }
+    let tail: f64 = qr.iter().zip(kr).map(|(a, &b)| a * b as f64).sum();
+    acc.iter().sum::<f64>() + tail
+}
+
+/// How far a backend's outputs are from the reference.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Accuracy {
+    /// `||o - ref|| / ||ref||` over the rows compared (the absolute norm when ref is zero);
+    /// infinite if o holds a NaN or an infinity.
+    pub o_rel: f64,
+    /// Largest `|lse - ref|`; infinite if one side is -inf and the other is not, or NaN.
+    pub lse_abs: f64,
+}
+
+impl Reference {
+    /// Compares dense outputs, `o` as `[rows, H, L]` and `lse` as `[rows, H]` (at least the
+    /// reference's rows; extra rows are ignored).
+    pub fn accuracy(&self, o: &[f32], lse: &[f32]) -> Accuracy {
+        let (mut diff, mut norm, mut bad) = (0f64, 0f64, false);
+        for (&x, &want) in o.iter().zip(&self.o) {
+            let x = x as f64;
+            bad |= !x.is_finite();
+            diff += (x - want) * (x - want);
+            norm += want * want;
+        }
+        let o_rel = if bad {
+            f64::INFINITY
+        } else if norm > 0.0 {
+            (diff / norm).sqrt()
+        } else {
+            diff.sqrt()
+        };
+        let lse_abs = lse.iter().zip(&self.lse).fold(0f64, |worst, (&x, &want)| {
+            let x = x as f64;
+            let e = if x == want {
+                0.0 // both -inf, or equal
+            } else if x.is_finite() && want.is_finite() {
+                (x - want).abs()
+            } else {
+                f64::INFINITY
+            };
+            worst.max(e)
+        });
+        Accuracy { o_rel, lse_abs }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accuracy_flags_nan_and_lone_infinities() {
+        let r = Reference {
+            rows: 1,
+            heads: 2,
+            kv_lora_rank: 2,
+            o: vec![1.0, 0.0, 0.0, 0.0],
+            lse: vec![0.5, f64::NEG_INFINITY],
+        };
+        let a = r.accuracy(&[1.0, 0.0, 0.0, 0.0], &[0.5, f32::NEG_INFINITY]);
+        assert_eq!(a, Accuracy { o_rel: 0.0, lse_abs: 0.0 });
+        let a = r.accuracy(&[1.1, 0.0, 0.0, 0.0], &[0.25, f32::NEG_INFINITY]);
+        assert!((a.o_rel - 0.1).abs() < 1e-6 && (a.lse_abs - 0.25).abs() < 1e-9);
+        assert_eq!(r.accuracy(&[f32::NAN, 0.0, 0.0, 0.0], &[0.5, f32::NEG_INFINITY]).o_rel, f64::INFINITY);
+        assert_eq!(r.accuracy(&[1.0, 0.0, 0.0, 0.0], &[0.5, 0.0]).lse_abs, f64::INFINITY);
+        assert!(r.accuracy(&[1.0, 0.0, 0.0, 0.0], &[f32::NAN, f32::NEG_INFINITY]).lse_abs.is_infinite());
+    }
+
+    #[test]
+    fn dot_matches_a_plain_sum() {
+        let q: Vec<f64> = (0..21).map(|i| i as f64 * 0.5).collect();
+        let k: Vec<f32> = (0..21).map(|i| 1.0 - i as f32 * 0.125).collect();
+        let want: f64 = q.iter().zip(&k).map(|(a, &b)| a * b as f64).sum();
+        assert!((dot(&q, &k) - want).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,321 @@
+//! Random decode problems, seeded and reproducible: what `mla bench` times and what the tests
+//! check. The data follows the contract's accuracy setting: q ~ N(0, 1), cache values
+//! ~ N(0, 0.5^2) (fp8 caches store value / k_scale), pages handed out in a random order.
+
+use float8::{F8E4M3, F8E5M2};
+use half::{bf16, f16};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{RngExt, SeedableRng};
+use rand_distr::{Distribution, StandardNormal};
+
+use crate::args::{DecodeInputs, DecodeOutputs, Query};
+use crate::dtype::{DType, KvFormat, ModelDtype};
+use crate::error::Result;
+use crate::plan::Mask;
+use crate::tensor::{TensorMut, TensorRef};
+
+/// What to generate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProblemSpec {
+    /// Query heads (times the DCP world size).
+    pub heads: usize,
+    /// L.
+    pub kv_lora_rank: usize,
+    /// R.
+    pub rope_dim: usize,
+    /// Keys per page.
+    pub page_size: usize,
+    /// Each request's KV length (its new tokens included).
+    pub seq_lens: Vec<usize>,
+    /// New tokens per request.
+    pub query_len: usize,
+    /// Mask among them.
+    pub mask: Mask,
+    /// q and o dtype.
+    pub model_dtype: ModelDtype,
+    /// Cache format.
+    pub kv_format: KvFormat,
+    /// Scale of an fp8 cache (values are stored divided by it).
+    pub k_scale: f32,
+    /// Extra elements after each key (token stride = D + pad).
+    pub token_pad: usize,
+    /// Extra elements after each page (a cross-layer cache).
+    pub page_pad: usize,
+    /// Blocks in the cache beyond those the requests use.
+    pub spare_blocks: usize,
+    /// Seed of every random draw.
+    pub seed: u64,
+}
+
+impl ProblemSpec {
+    /// DeepSeek-V3 shapes, bf16, page 64, contiguous cache, one token per request.
+    pub fn new(heads: usize, seq_lens: Vec<usize>) -> Self {
+        ProblemSpec {
+            heads,
+            kv_lora_rank: 512,
+            rope_dim: 64,
+            page_size: 64,
+            seq_lens,
+            query_len: 1,
+            mask: Mask::Causal,
+            model_dtype: ModelDtype::Bf16,
+            kv_format: KvFormat::Bf16,
+            k_scale: 1.0,
+            token_pad: 0,
+            page_pad: 0,
+            spare_blocks: 7,
+            seed: 0,
+        }
+    }
+
+    /// Lengths as the benchmark draws them: all `ctx`, or (varlen) uniform in `[ctx/8, ctx]`.
+    pub fn lengths(batch: usize, ctx: usize, varlen: bool, seed: u64) -> Vec<usize> {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x9e37_79b9);
+        (0..batch)
+            .map(|_| {
+                if varlen {
+                    rng.random_range((ctx / 8).max(1).min(ctx)..=ctx)
+                } else {
+                    ctx
+                }
+            })
+            .collect()
+    }
+}
+
+/// Host storage in the model dtype (q, o), or of a 16-bit cache.
+#[derive(Debug, Clone)]
+pub enum HalfBuf {
+    /// bf16 elements.
+    Bf16(Vec<bf16>),
+    /// f16 elements.
+    F16(Vec<f16>),
+}
+
+impl HalfBuf {
+    /// `values` rounded to `dtype`.
+    pub fn new(dtype: ModelDtype, values: impl Iterator<Item = f32>) -> HalfBuf {
+        match dtype {
+            ModelDtype::Bf16 => HalfBuf::Bf16(values.map(bf16::from_f32).collect()),
+            ModelDtype::F16 => HalfBuf::F16(values.map(f16::from_f32).collect()),
+        }
+    }
+
+    /// A view from element `offset` with explicit strides.
+    ///
+    /// # Errors
+    /// [`crate::Error::Memory`] if the view does not fit.
+    pub fn view<const N: usize>(
+        &self,
+        offset: usize,
+        shape: [usize; N],
+        strides: [usize; N],
+    ) -> Result<TensorRef<'_, N>> {
+        match self {
+            HalfBuf::Bf16(v) => TensorRef::from_host(v.get(offset..).unwrap_or_default(), shape, strides),
+            HalfBuf::F16(v) => TensorRef::from_host(v.get(offset..).unwrap_or_default(), shape, strides),
+        }
+    }
+
+    /// A row-major writable view.
+    ///
+    /// # Errors
+    /// [`crate::Error::Memory`] if the buffer is shorter than the shape.
+    pub fn view_mut<const N: usize>(&mut self, shape: [usize; N]) -> Result<TensorMut<'_, N>> {
+        match self {
+            HalfBuf::Bf16(v) => TensorMut::contiguous(v, shape),
+            HalfBuf::F16(v) => TensorMut::contiguous(v, shape),
+        }
+    }
+
+    /// The values as f32.
+    pub fn to_f32(&self) -> Vec<f32> {
+        match self {
+            HalfBuf::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            HalfBuf::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        }
+    }
+}
+
+/// Host storage of a cache.
+#[derive(Debug, Clone)]
+pub enum CacheBuf {
+    /// A bf16 or f16 cache.
+    Half(HalfBuf),
+    /// fp8 elements stored as bytes, read as the given dtype.
+    Fp8(Vec<u8>, DType),
+}
+
+impl CacheBuf {
+    /// A view with explicit strides.
+    ///
+    /// # Errors
+    /// [`crate::Error::Memory`] if the view does not fit.
+    pub fn view<const N: usize>(&self, shape: [usize; N], strides: [usize; N]) -> Result<TensorRef<'_, N>> {
+        match self {
+            CacheBuf::Half(h) => h.view(0, shape, strides),
+            CacheBuf::Fp8(v, dt) => TensorRef::from_host(v, shape, strides)?.view_as(*dt),
+        }
+    }
+}
+
+/// A generated problem: the inputs, ready to view.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    /// What it was generated from.
+    pub spec: ProblemSpec,
+    /// `[rows, H, D]` packed query.
+    pub q: HalfBuf,
+    /// The paged cache, `[num_blocks, page_size, D]` with the spec's padding.
+    pub kv: CacheBuf,
+    /// Blocks in the cache.
+    pub num_blocks: usize,
+    /// `[requests, max_blocks]`.
+    pub block_table: Vec<i32>,
+    /// Entries per block-table row.
+    pub max_blocks: usize,
+    /// `[requests]`.
+    pub seq_lens: Vec<i32>,
+}
+
+impl Problem {
+    /// Draws a problem.
+    pub fn generate(spec: &ProblemSpec) -> Problem {
+        let mut rng = StdRng::seed_from_u64(spec.seed);
+        let d = spec.kv_lora_rank + spec.rope_dim;
+        let requests = spec.seq_lens.len();
+        let rows = requests * spec.query_len;
+        let max_len = spec.seq_lens.iter().copied().max().unwrap_or(0);
+        let max_blocks = max_len.div_ceil(spec.page_size).max(1);
+        let num_blocks = requests * max_blocks + spec.spare_blocks.max(1);
+        let (_, page_stride) = spec.strides();
+
+        let mut normal = |sigma: f32| -> f32 {
+            let x: f32 = StandardNormal.sample(&mut rng);
+            x * sigma
+        };
+        let q = HalfBuf::new(spec.model_dtype, (0..rows * spec.heads * d).map(|_| normal(1.0)));
+        let kv_len = num_blocks * page_stride;
+        let values = (0..kv_len).map(|_| normal(0.5) / spec.k_scale);
+        let kv = match spec.kv_format {
+            KvFormat::Bf16 => CacheBuf::Half(HalfBuf::new(ModelDtype::Bf16, values)),
+            KvFormat::F16 => CacheBuf::Half(HalfBuf::new(ModelDtype::F16, values)),
+            KvFormat::Fp8E4m3 => {
+                CacheBuf::Fp8(values.map(|x| F8E4M3::from_f32(x).to_bits()).collect(), DType::F8E4M3)
+            }
+            KvFormat::Fp8E5m2 => {
+                CacheBuf::Fp8(values.map(|x| F8E5M2::from_f32(x).to_bits()).collect(), DType::F8E5M2)
+            }
+        };
+
+        let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
+        perm.shuffle(&mut rng);
+        let block_table = perm[..requests * max_blocks].to_vec();
+        Problem {
+            spec: spec.clone(),
+            q,
+            kv,
+            num_blocks,
+            block_table,
+            max_blocks,
+            seq_lens: spec.seq_lens.iter().map(|&l| l as i32).collect(),
+        }
+    }
+
+    /// Query rows.
+    pub fn rows(&self) -> usize {
+        self.spec.seq_lens.len() * self.spec.query_len
+    }
+
+    /// D = L + R.
+    pub fn head_dim(&self) -> usize {
+        self.spec.kv_lora_rank + self.spec.rope_dim
+    }
+
+    /// The packed query view.
+    ///
+    /// # Errors
+    /// Never for a generated problem; kept fallible like every view.
+    pub fn query(&self) -> Result<Query<'_>> {
+        let (rows, h, d) = (self.rows(), self.spec.heads, self.head_dim());
+        Ok(Query::Packed(self.q.view(0, [rows, h, d], [h * d, d, 1])?))
+    }
+
+    /// The same query as two strided views into the packed buffer.
+    ///
+    /// # Errors
+    /// As [`Problem::query`].
+    pub fn query_split(&self) -> Result<Query<'_>> {
+        let (rows, h, d, l) = (self.rows(), self.spec.heads, self.head_dim(), self.spec.kv_lora_rank);
+        let strides = [h * d, d, 1];
+        Ok(Query::Split {
+            nope: self.q.view(0, [rows, h, l], strides)?,
+            rope: self.q.view(l, [rows, h, self.spec.rope_dim], strides)?,
+        })
+    }
+
+    /// The decode inputs (packed query).
+    ///
+    /// # Errors
+    /// As [`Problem::query`].
+    pub fn inputs(&self) -> Result<DecodeInputs<'_>> {
+        let (token_stride, page_stride) = self.spec.strides();
+        let requests = self.seq_lens.len();
+        Ok(DecodeInputs {
+            q: self.query()?,
+            kv_cache: self
+                .kv
+                .view([self.num_blocks, self.spec.page_size, self.head_dim()], [page_stride, token_stride, 1])?,
+            block_table: TensorRef::contiguous(&self.block_table, [requests, self.max_blocks])?,
+            seq_lens: TensorRef::contiguous(&self.seq_lens, [requests])?,
+            query_len: self.spec.query_len,
+            mask: self.spec.mask,
+            k_scale: self.spec.k_scale,
+            max_seq_len: None,
+        })
+    }
+}
+
+impl ProblemSpec {
+    /// (token stride, page stride) of the cache, in elements.
+    pub fn strides(&self) -> (usize, usize) {
+        let token = self.kv_lora_rank + self.rope_dim + self.token_pad;
+        (token, self.page_size * token + self.page_pad)
+    }
+}
+
+/// Dense host outputs of a problem, poisoned with NaN so that a row left unwritten shows.
+#[derive(Debug, Clone)]
+pub struct Outputs {
+    /// `[rows, H, L]` in the model dtype.
+    pub o: HalfBuf,
+    /// `[rows, H]`.
+    pub lse: Vec<f32>,
+    shape: [usize; 3],
+}
+
+impl Outputs {
+    /// NaN-filled outputs for a problem.
+    pub fn poisoned(p: &Problem) -> Outputs {
+        let shape = [p.rows(), p.spec.heads, p.spec.kv_lora_rank];
+        let n = shape.iter().product::<usize>();
+        Outputs {
+            o: HalfBuf::new(p.spec.model_dtype, (0..n).map(|_| f32::NAN)),
+            lse: vec![f32::NAN; shape[0] * shape[1]],
+            shape,
+        }
+    }
+
+    /// Writable views.
+    ///
+    /// # Errors
+    /// Never for outputs made by [`Outputs::poisoned`]; kept fallible like every view.
+    pub fn views(&mut self) -> Result<DecodeOutputs<'_>> {
+        let [rows, h, _] = self.shape;
+        Ok(DecodeOutputs {
+            o: self.o.view_mut(self.shape)?,
+            lse: TensorMut::contiguous(&mut self.lse, [rows, h])?,
+        })
+    }
+}
