@@ -1,1 +1,67 @@
-fn main() {}
+//! `mla`: benchmark and inspect the mla decode.
+//!
+//! - `mla bench`: time decodes on random DeepSeek-shaped problems, check them against the f64
+//!   reference, print a table (or JSON for scripts such as the side-by-side anchors benchmark).
+//! - `mla info`: the backends found, the device, and the split counts it would use.
+
+mod bench;
+mod info;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(
+    name = "mla",
+    version,
+    about = "Multi-head Latent Attention decode: benchmark and inspect"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Time decodes and check them against the f64 reference.
+    Bench(bench::BenchArgs),
+    /// Show the backends, the device and its split counts.
+    Info(info::InfoArgs),
+}
+
+/// Which backend to run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// The CPU backend.
+    Cpu,
+    /// The first CUDA device.
+    Cuda,
+    /// The GPU when one is usable, else the CPU.
+    Auto,
+}
+
+impl BackendArg {
+    fn device(self) -> mla::Device {
+        match self {
+            BackendArg::Cpu => mla::Device::Cpu,
+            BackendArg::Cuda => mla::Device::Cuda(0),
+            BackendArg::Auto => mla::Device::Auto,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Bench(args) => bench::run(&args),
+        Command::Info(args) => info::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -52,6 +52,22 @@ pub enum DeviceInfo {
     },
 }
 
+impl std::fmt::Display for DeviceInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceInfo::Cpu { threads } => write!(f, "cpu ({threads} threads)"),
+            DeviceInfo::Cuda {
+                name,
+                capability,
+                sm_count,
+            } => write!(
+                f,
+                "{name} (compute capability {capability}, {sm_count} SMs)"
+            ),
+        }
+    }
+}
+
 /// The configuration of an MLA decoder. Build it with [`MlaConfig::new`] (DeepSeek-V3 shapes)
 /// and change fields as needed; [`MlaConfig::validate`] checks it.
 ///
@@ -128,7 +144,10 @@ impl MlaConfig {
             return Err(Error::UnsupportedFeature);
         }
         if self.dcp_world_size == 0 {
-            return Err(Error::config("dcp_world_size", "expected at least 1, got 0"));
+            return Err(Error::config(
+                "dcp_world_size",
+                "expected at least 1, got 0",
+            ));
         }
         if self.sliding_window.is_some() && self.dcp_world_size > 1 {
             return Err(Error::SlidingWindowWithDcp);
@@ -172,7 +191,11 @@ impl MlaConfig {
             return Err(Error::Fp8NeedsSm89 {
                 device: device.into(),
                 capability: cap,
-                suggested: if cap.to_int() < 80 { "float16" } else { "bfloat16" },
+                suggested: if cap.to_int() < 80 {
+                    "float16"
+                } else {
+                    "bfloat16"
+                },
             });
         }
         let cache_bf16 = self.kv_cache_dtype == CacheDtype::Bf16
@@ -216,10 +239,16 @@ impl MlaConfig {
             ));
         }
         if self.split_units == Some(0) {
-            return Err(Error::config("split_units", "expected None or at least 1, got 0"));
+            return Err(Error::config(
+                "split_units",
+                "expected None or at least 1, got 0",
+            ));
         }
         if self.num_heads.checked_mul(self.dcp_world_size).is_none() {
-            return Err(Error::config("dcp_world_size", "num_heads * dcp_world_size overflows"));
+            return Err(Error::config(
+                "dcp_world_size",
+                "num_heads * dcp_world_size overflows",
+            ));
         }
         Ok(())
     }
@@ -328,7 +357,10 @@ mod tests {
         assert!(e.to_string().ends_with("--kv-cache-dtype float16"), "{e}");
         // fp8_ds_mla counts as fp8 for the capability check, as in the seed.
         c.kv_cache_dtype = CacheDtype::Fp8DsMla;
-        assert!(matches!(c.validate(&gpu(8, 0)), Err(Error::Fp8NeedsSm89 { .. })));
+        assert!(matches!(
+            c.validate(&gpu(8, 0)),
+            Err(Error::Fp8NeedsSm89 { .. })
+        ));
         c.kv_cache_dtype = CacheDtype::Fp8E4m3;
         assert!(c.validate(&gpu(8, 9)).is_ok());
         assert!(c.validate(&gpu(9, 0)).is_ok());
@@ -350,7 +382,10 @@ mod tests {
         let c = cfg();
         assert!(matches!(
             c.validate(&gpu(7, 0)),
-            Err(Error::Bf16NeedsSm80 { what: "KV cache", .. })
+            Err(Error::Bf16NeedsSm80 {
+                what: "KV cache",
+                ..
+            })
         ));
         // an f16 cache with a bf16 query still needs bf16 math.
         let mut c = cfg();

@@ -4,7 +4,7 @@
 
 use crate::args::{DecodeInputs, DecodeOutputs};
 use crate::backend::{Backend, Device};
-use crate::config::{MlaConfig, ValidConfig};
+use crate::config::{DeviceInfo, MlaConfig, ValidConfig};
 use crate::dtype::CacheDtype;
 use crate::error::{Error, Result};
 use crate::plan::{self, DecodePlan, WorkspaceManager};
@@ -45,6 +45,7 @@ use crate::tensor::TensorRef;
 #[derive(Debug)]
 pub struct MlaDecode {
     config: ValidConfig,
+    device: DeviceInfo,
     backend: Backend,
     workspace: WorkspaceManager,
     max_model_len: Option<usize>,
@@ -61,6 +62,7 @@ impl MlaDecode {
         let config = config.validate(&info)?;
         Ok(MlaDecode {
             config,
+            device: info,
             backend,
             workspace: WorkspaceManager::new(),
             max_model_len: None,
@@ -70,6 +72,11 @@ impl MlaDecode {
     /// The validated configuration.
     pub fn config(&self) -> &ValidConfig {
         &self.config
+    }
+
+    /// The device the decoder runs on.
+    pub fn device(&self) -> &DeviceInfo {
+        &self.device
     }
 
     /// The backend's name (`cpu`, `cuda`).
@@ -83,7 +90,10 @@ impl MlaDecode {
         if self.config.batch_invariant {
             return 1;
         }
-        let span = self.config.sliding_window.map_or(max_kv_len, |w| max_kv_len.min(w));
+        let span = self
+            .config
+            .sliding_window
+            .map_or(max_kv_len, |w| max_kv_len.min(w));
         plan::num_kv_splits(span, self.config.sm_count)
     }
 
@@ -102,7 +112,10 @@ impl MlaDecode {
             self.config.kv_lora_rank,
         )?;
         self.grow_workspace(bytes)?;
-        self.max_model_len = Some(self.max_model_len.map_or(max_model_len, |m| m.max(max_model_len)));
+        self.max_model_len = Some(
+            self.max_model_len
+                .map_or(max_model_len, |m| m.max(max_model_len)),
+        );
         Ok(())
     }
 
@@ -174,7 +187,11 @@ impl MlaDecode {
     ///
     /// # Errors
     /// See [`DecodePlan::new`].
-    pub fn plan(&self, inputs: &DecodeInputs<'_>, outputs: &DecodeOutputs<'_>) -> Result<DecodePlan> {
+    pub fn plan(
+        &self,
+        inputs: &DecodeInputs<'_>,
+        outputs: &DecodeOutputs<'_>,
+    ) -> Result<DecodePlan> {
         DecodePlan::new(
             &self.config,
             inputs,
@@ -190,7 +207,11 @@ impl MlaDecode {
     /// Argument errors (see [`DecodePlan::new`]), value errors (negative lengths, lengths
     /// beyond the block table, block ids outside the cache) and [`Error::WorkspaceLocked`].
     /// On error the outputs are left untouched.
-    pub fn forward(&mut self, inputs: &DecodeInputs<'_>, outputs: &mut DecodeOutputs<'_>) -> Result<DecodePlan> {
+    pub fn forward(
+        &mut self,
+        inputs: &DecodeInputs<'_>,
+        outputs: &mut DecodeOutputs<'_>,
+    ) -> Result<DecodePlan> {
         let plan = self.plan(inputs, outputs)?;
         self.grow_workspace(plan.workspace_bytes)?;
         self.backend.forward(&plan, inputs, outputs)?;

@@ -372,7 +372,10 @@ mod tests {
     #[test]
     fn fp8_ds_mla_is_reported_not_supported() {
         let e = CacheDtype::Fp8DsMla.resolve(ModelDtype::Bf16).unwrap_err();
-        assert_eq!(e.to_string(), "kv_cache_dtype fp8_ds_mla is not supported by mla yet");
+        assert_eq!(
+            e.to_string(),
+            "kv_cache_dtype fp8_ds_mla is not supported by mla yet"
+        );
     }
 
     #[test]

@@ -184,7 +184,9 @@ pub enum Error {
     },
 
     /// `query_len` disagrees with rows / requests.
-    #[error("query_len: expected {expected} ({rows} query rows over {requests} requests), got {got}")]
+    #[error(
+        "query_len: expected {expected} ({rows} query rows over {requests} requests), got {got}"
+    )]
     QueryLen {
         /// rows / requests.
         expected: usize,
@@ -279,7 +281,9 @@ pub enum Error {
 
     // ---- backends ----
     /// The CUDA backend was asked for in a build without the `cuda` feature.
-    #[error("mla was built without the `cuda` feature: rebuild with `--features cuda` to use a GPU")]
+    #[error(
+        "mla was built without the `cuda` feature: rebuild with `--features cuda` to use a GPU"
+    )]
     CudaNotCompiled,
 
     /// No usable CUDA device (no driver, no device, or the ordinal is out of range).
@@ -323,7 +327,10 @@ mod tests {
         };
         let s = e.to_string();
         assert!(s.starts_with("workspace is locked"), "{s}");
-        assert!(s.contains("requires 3.00 MB, current size is 0.50 MB"), "{s}");
+        assert!(
+            s.contains("requires 3.00 MB, current size is 0.50 MB"),
+            "{s}"
+        );
     }
 
     #[test]

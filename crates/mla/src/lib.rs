@@ -16,7 +16,7 @@
 //! | plan | [`plan`] | argument checks, which keys each row sees, split count, workspace views |
 //! | backend | [`backend`] | runs a plan: the CPU backend (this crate's reference) or CUDA |
 //!
-//! [`MlaDecode`] ties them together; [`reference`] is the f64 oracle every backend is checked
+//! [`MlaDecode`] ties them together; [`reference`](mod@reference) is the f64 oracle every backend is checked
 //! against, and [`synth`] draws random problems for tests and benchmarks.
 //!
 //! ## Usage

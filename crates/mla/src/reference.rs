@@ -38,8 +38,14 @@ fn oob(what: &str) -> Error {
 /// Element `idx` of a host tensor as f64 (16-bit q only).
 fn half_at(t: &TensorRef<'_, 3>, idx: usize) -> Result<f64> {
     let v = match t.dtype() {
-        crate::DType::BF16 => t.host_slice::<half::bf16>().and_then(|s| s.get(idx)).map(|x| x.to_f64()),
-        crate::DType::F16 => t.host_slice::<half::f16>().and_then(|s| s.get(idx)).map(|x| x.to_f64()),
+        crate::DType::BF16 => t
+            .host_slice::<half::bf16>()
+            .and_then(|s| s.get(idx))
+            .map(|x| x.to_f64()),
+        crate::DType::F16 => t
+            .host_slice::<half::f16>()
+            .and_then(|s| s.get(idx))
+            .map(|x| x.to_f64()),
         _ => None,
     };
     v.ok_or_else(|| oob("a q element"))
@@ -70,16 +76,33 @@ fn query(q: &Query<'_>, row: usize, head: usize, l: usize, r: usize) -> Result<V
 /// # Errors
 /// [`Error::Memory`] for device tensors or indices outside a tensor (a bad block id, a
 /// length beyond the block table): the reference never reads out of bounds.
-pub fn decode_f64(cfg: &ValidConfig, inputs: &DecodeInputs<'_>, max_rows: Option<usize>) -> Result<Reference> {
+pub fn decode_f64(
+    cfg: &ValidConfig,
+    inputs: &DecodeInputs<'_>,
+    max_rows: Option<usize>,
+) -> Result<Reference> {
     let (h, l, r) = (cfg.q_heads, cfg.kv_lora_rank, cfg.rope_dim);
     let d = l + r;
     let ql = inputs.query_len.max(1);
     let rows = max_rows.map_or(inputs.q.rows(), |m| m.min(inputs.q.rows()));
     let host = |arg| Error::memory(arg, "the reference reads host tensors only");
-    let lens = inputs.seq_lens.host_slice::<i32>().ok_or_else(|| host("seq_lens"))?;
-    let table = inputs.block_table.host_slice::<i32>().ok_or_else(|| host("block_table"))?;
-    let kv = inputs.kv_cache.host_bytes().ok_or_else(|| host("kv_cache"))?;
-    let k_scale = if cfg.kv_format.is_fp8() { inputs.k_scale } else { 1.0 };
+    let lens = inputs
+        .seq_lens
+        .host_slice::<i32>()
+        .ok_or_else(|| host("seq_lens"))?;
+    let table = inputs
+        .block_table
+        .host_slice::<i32>()
+        .ok_or_else(|| host("block_table"))?;
+    let kv = inputs
+        .kv_cache
+        .host_bytes()
+        .ok_or_else(|| host("kv_cache"))?;
+    let k_scale = if cfg.kv_format.is_fp8() {
+        inputs.k_scale
+    } else {
+        1.0
+    };
     let decoder = cfg.kv_format.decoder(cfg.model_dtype, k_scale);
     let elem = cfg.kv_format.size();
     let [_, page_size, _] = inputs.kv_cache.shape();
@@ -226,12 +249,29 @@ mod tests {
             lse: vec![0.5, f64::NEG_INFINITY],
         };
         let a = r.accuracy(&[1.0, 0.0, 0.0, 0.0], &[0.5, f32::NEG_INFINITY]);
-        assert_eq!(a, Accuracy { o_rel: 0.0, lse_abs: 0.0 });
+        assert_eq!(
+            a,
+            Accuracy {
+                o_rel: 0.0,
+                lse_abs: 0.0
+            }
+        );
         let a = r.accuracy(&[1.1, 0.0, 0.0, 0.0], &[0.25, f32::NEG_INFINITY]);
         assert!((a.o_rel - 0.1).abs() < 1e-6 && (a.lse_abs - 0.25).abs() < 1e-9);
-        assert_eq!(r.accuracy(&[f32::NAN, 0.0, 0.0, 0.0], &[0.5, f32::NEG_INFINITY]).o_rel, f64::INFINITY);
-        assert_eq!(r.accuracy(&[1.0, 0.0, 0.0, 0.0], &[0.5, 0.0]).lse_abs, f64::INFINITY);
-        assert!(r.accuracy(&[1.0, 0.0, 0.0, 0.0], &[f32::NAN, f32::NEG_INFINITY]).lse_abs.is_infinite());
+        assert_eq!(
+            r.accuracy(&[f32::NAN, 0.0, 0.0, 0.0], &[0.5, f32::NEG_INFINITY])
+                .o_rel,
+            f64::INFINITY
+        );
+        assert_eq!(
+            r.accuracy(&[1.0, 0.0, 0.0, 0.0], &[0.5, 0.0]).lse_abs,
+            f64::INFINITY
+        );
+        assert!(
+            r.accuracy(&[1.0, 0.0, 0.0, 0.0], &[f32::NAN, f32::NEG_INFINITY])
+                .lse_abs
+                .is_infinite()
+        );
     }
 
     #[test]

@@ -113,8 +113,12 @@ impl HalfBuf {
         strides: [usize; N],
     ) -> Result<TensorRef<'_, N>> {
         match self {
-            HalfBuf::Bf16(v) => TensorRef::from_host(v.get(offset..).unwrap_or_default(), shape, strides),
-            HalfBuf::F16(v) => TensorRef::from_host(v.get(offset..).unwrap_or_default(), shape, strides),
+            HalfBuf::Bf16(v) => {
+                TensorRef::from_host(v.get(offset..).unwrap_or_default(), shape, strides)
+            }
+            HalfBuf::F16(v) => {
+                TensorRef::from_host(v.get(offset..).unwrap_or_default(), shape, strides)
+            }
         }
     }
 
@@ -152,7 +156,11 @@ impl CacheBuf {
     ///
     /// # Errors
     /// [`crate::Error::Memory`] if the view does not fit.
-    pub fn view<const N: usize>(&self, shape: [usize; N], strides: [usize; N]) -> Result<TensorRef<'_, N>> {
+    pub fn view<const N: usize>(
+        &self,
+        shape: [usize; N],
+        strides: [usize; N],
+    ) -> Result<TensorRef<'_, N>> {
         match self {
             CacheBuf::Half(h) => h.view(0, shape, strides),
             CacheBuf::Fp8(v, dt) => TensorRef::from_host(v, shape, strides)?.view_as(*dt),
@@ -195,18 +203,23 @@ impl Problem {
             let x: f32 = StandardNormal.sample(&mut rng);
             x * sigma
         };
-        let q = HalfBuf::new(spec.model_dtype, (0..rows * spec.heads * d).map(|_| normal(1.0)));
+        let q = HalfBuf::new(
+            spec.model_dtype,
+            (0..rows * spec.heads * d).map(|_| normal(1.0)),
+        );
         let kv_len = num_blocks * page_stride;
         let values = (0..kv_len).map(|_| normal(0.5) / spec.k_scale);
         let kv = match spec.kv_format {
             KvFormat::Bf16 => CacheBuf::Half(HalfBuf::new(ModelDtype::Bf16, values)),
             KvFormat::F16 => CacheBuf::Half(HalfBuf::new(ModelDtype::F16, values)),
-            KvFormat::Fp8E4m3 => {
-                CacheBuf::Fp8(values.map(|x| F8E4M3::from_f32(x).to_bits()).collect(), DType::F8E4M3)
-            }
-            KvFormat::Fp8E5m2 => {
-                CacheBuf::Fp8(values.map(|x| F8E5M2::from_f32(x).to_bits()).collect(), DType::F8E5M2)
-            }
+            KvFormat::Fp8E4m3 => CacheBuf::Fp8(
+                values.map(|x| F8E4M3::from_f32(x).to_bits()).collect(),
+                DType::F8E4M3,
+            ),
+            KvFormat::Fp8E5m2 => CacheBuf::Fp8(
+                values.map(|x| F8E5M2::from_f32(x).to_bits()).collect(),
+                DType::F8E5M2,
+            ),
         };
 
         let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
@@ -239,7 +252,11 @@ impl Problem {
     /// Never for a generated problem; kept fallible like every view.
     pub fn query(&self) -> Result<Query<'_>> {
         let (rows, h, d) = (self.rows(), self.spec.heads, self.head_dim());
-        Ok(Query::Packed(self.q.view(0, [rows, h, d], [h * d, d, 1])?))
+        Ok(Query::Packed(self.q.view(
+            0,
+            [rows, h, d],
+            [h * d, d, 1],
+        )?))
     }
 
     /// The same query as two strided views into the packed buffer.
@@ -247,7 +264,12 @@ impl Problem {
     /// # Errors
     /// As [`Problem::query`].
     pub fn query_split(&self) -> Result<Query<'_>> {
-        let (rows, h, d, l) = (self.rows(), self.spec.heads, self.head_dim(), self.spec.kv_lora_rank);
+        let (rows, h, d, l) = (
+            self.rows(),
+            self.spec.heads,
+            self.head_dim(),
+            self.spec.kv_lora_rank,
+        );
         let strides = [h * d, d, 1];
         Ok(Query::Split {
             nope: self.q.view(0, [rows, h, l], strides)?,
@@ -264,9 +286,10 @@ impl Problem {
         let requests = self.seq_lens.len();
         Ok(DecodeInputs {
             q: self.query()?,
-            kv_cache: self
-                .kv
-                .view([self.num_blocks, self.spec.page_size, self.head_dim()], [page_stride, token_stride, 1])?,
+            kv_cache: self.kv.view(
+                [self.num_blocks, self.spec.page_size, self.head_dim()],
+                [page_stride, token_stride, 1],
+            )?,
             block_table: TensorRef::contiguous(&self.block_table, [requests, self.max_blocks])?,
             seq_lens: TensorRef::contiguous(&self.seq_lens, [requests])?,
             query_len: self.spec.query_len,

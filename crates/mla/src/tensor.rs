@@ -69,9 +69,12 @@ fn span<const N: usize>(shape: [usize; N], strides: [usize; N]) -> Option<usize>
     if shape.contains(&0) {
         return Some(0);
     }
-    shape.iter().zip(&strides).try_fold(1usize, |acc, (&n, &s)| {
-        (n - 1).checked_mul(s).and_then(|x| acc.checked_add(x))
-    })
+    shape
+        .iter()
+        .zip(&strides)
+        .try_fold(1usize, |acc, (&n, &s)| {
+            (n - 1).checked_mul(s).and_then(|x| acc.checked_add(x))
+        })
 }
 
 fn check_fits<const N: usize>(
@@ -95,7 +98,11 @@ impl<'a, const N: usize> TensorRef<'a, N> {
     ///
     /// # Errors
     /// [`Error::Memory`] if the view reaches past the end of `data`.
-    pub fn from_host<T: Element>(data: &'a [T], shape: [usize; N], strides: [usize; N]) -> Result<Self> {
+    pub fn from_host<T: Element>(
+        data: &'a [T],
+        shape: [usize; N],
+        strides: [usize; N],
+    ) -> Result<Self> {
         check_fits(data.len(), shape, strides).map_err(|r| Error::memory("tensor", r))?;
         Ok(TensorRef {
             data: Data::Host(bytemuck::cast_slice(data)),
@@ -161,7 +168,10 @@ impl<'a, const N: usize> TensorRef<'a, N> {
     /// The host data as `T`; None for device memory or another dtype.
     pub fn host_slice<T: Element>(&self) -> Option<&'a [T]> {
         (T::DTYPE == self.dtype)
-            .then(|| self.host_bytes().and_then(|b| bytemuck::try_cast_slice(b).ok()))
+            .then(|| {
+                self.host_bytes()
+                    .and_then(|b| bytemuck::try_cast_slice(b).ok())
+            })
             .flatten()
     }
 }

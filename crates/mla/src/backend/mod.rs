@@ -43,9 +43,10 @@ impl Backend {
     /// Opens the backend for a device, with what the configuration is validated against.
     pub(crate) fn open(device: Device) -> Result<(Backend, DeviceInfo)> {
         match device {
-            Device::Cpu | Device::Auto => {
-                Ok((Backend::Cpu(cpu::CpuBackend::new()), cpu::CpuBackend::device_info()))
-            }
+            Device::Cpu | Device::Auto => Ok((
+                Backend::Cpu(cpu::CpuBackend::new()),
+                cpu::CpuBackend::device_info(),
+            )),
             Device::Cuda(_) => Err(Error::CudaNotCompiled),
         }
     }

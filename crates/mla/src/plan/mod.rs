@@ -197,8 +197,16 @@ impl DecodePlan {
                 }
             }
             Query::Split { nope, rope } => {
-                shape("q_nope", nope.shape(), [Dim::Any("rows"), Dim::Is(h), Dim::Is(l)])?;
-                shape("q_pe", rope.shape(), [Dim::Is(rows), Dim::Is(h), Dim::Is(r)])?;
+                shape(
+                    "q_nope",
+                    nope.shape(),
+                    [Dim::Any("rows"), Dim::Is(h), Dim::Is(l)],
+                )?;
+                shape(
+                    "q_pe",
+                    rope.shape(),
+                    [Dim::Is(rows), Dim::Is(h), Dim::Is(r)],
+                )?;
                 last_contiguous("q_nope", nope.shape(), nope.strides())?;
                 last_contiguous("q_pe", rope.shape(), rope.strides())?;
                 QueryLayout {
@@ -209,7 +217,11 @@ impl DecodePlan {
             }
         };
         let kv = inputs.kv_cache;
-        shape("kv_cache", kv.shape(), [Dim::Any("num_blocks"), Dim::Any("page_size"), Dim::Is(d)])?;
+        shape(
+            "kv_cache",
+            kv.shape(),
+            [Dim::Any("num_blocks"), Dim::Any("page_size"), Dim::Is(d)],
+        )?;
         let [num_blocks, page_size, _] = kv.shape();
         if num_blocks == 0 || page_size == 0 {
             return Err(Error::Shape {
@@ -219,35 +231,68 @@ impl DecodePlan {
             });
         }
         let requests = inputs.seq_lens.shape()[0];
-        shape("block_table", inputs.block_table.shape(), [Dim::Is(requests), Dim::Any("max_blocks")])?;
-        shape("o", outputs.o.shape(), [Dim::Is(rows), Dim::Is(h), Dim::Is(l)])?;
+        shape(
+            "block_table",
+            inputs.block_table.shape(),
+            [Dim::Is(requests), Dim::Any("max_blocks")],
+        )?;
+        shape(
+            "o",
+            outputs.o.shape(),
+            [Dim::Is(rows), Dim::Is(h), Dim::Is(l)],
+        )?;
         shape("lse", outputs.lse.shape(), [Dim::Is(rows), Dim::Is(h)])?;
 
         // 4. strides
         let [page_stride, token_stride, _] = kv.strides();
         last_contiguous("kv_cache", kv.shape(), kv.strides())?;
         if page_size > 1 && token_stride < d {
-            return Err(stride("kv_cache", "keys of a page overlap: token stride < row width", &kv.strides(), &kv.shape()));
+            return Err(stride(
+                "kv_cache",
+                "keys of a page overlap: token stride < row width",
+                &kv.strides(),
+                &kv.shape(),
+            ));
         }
         if num_blocks > 1 && page_stride < (page_size - 1) * token_stride + d {
-            return Err(stride("kv_cache", "pages overlap: page stride < (page_size - 1) * token stride + row width", &kv.strides(), &kv.shape()));
+            return Err(stride(
+                "kv_cache",
+                "pages overlap: page stride < (page_size - 1) * token stride + row width",
+                &kv.strides(),
+                &kv.shape(),
+            ));
         }
         let bt = inputs.block_table;
         let max_blocks = bt.shape()[1];
         last_contiguous("block_table", bt.shape(), bt.strides())?;
         if inputs.seq_lens.strides()[0] != 1 && requests > 1 {
-            return Err(stride("seq_lens", "seq_lens must be contiguous", &inputs.seq_lens.strides(), &inputs.seq_lens.shape()));
+            return Err(stride(
+                "seq_lens",
+                "seq_lens must be contiguous",
+                &inputs.seq_lens.strides(),
+                &inputs.seq_lens.shape(),
+            ));
         }
         let o = &outputs.o;
         last_contiguous("o", o.shape(), o.strides())?;
         let [o_row, o_head, _] = o.strides();
         if (h > 1 && o_head < l) || (rows > 1 && o_row < (h - 1) * o_head + l) {
-            return Err(stride("o", "output rows or heads overlap", &o.strides(), &o.shape()));
+            return Err(stride(
+                "o",
+                "output rows or heads overlap",
+                &o.strides(),
+                &o.shape(),
+            ));
         }
         let lse = &outputs.lse;
         last_contiguous("lse", lse.shape(), lse.strides())?;
         if rows > 1 && lse.strides()[0] < h {
-            return Err(stride("lse", "lse rows overlap", &lse.strides(), &lse.shape()));
+            return Err(stride(
+                "lse",
+                "lse rows overlap",
+                &lse.strides(),
+                &lse.shape(),
+            ));
         }
 
         // 5. batch structure
@@ -282,9 +327,14 @@ impl DecodePlan {
             Some(lens) => Some(max_seq_len(lens)?),
             None => None,
         };
-        let max_seq = inputs.max_seq_len.or(host_max).or(max_model_len).ok_or(
-            Error::NotReserved("a decode with seq_lens on the device and no max_seq_len"),
-        )?;
+        let max_seq =
+            inputs
+                .max_seq_len
+                .or(host_max)
+                .or(max_model_len)
+                .ok_or(Error::NotReserved(
+                    "a decode with seq_lens on the device and no max_seq_len",
+                ))?;
 
         let num_kv_splits = if cfg.batch_invariant {
             1
@@ -336,9 +386,7 @@ pub fn decode_workspace(
 ) -> Result<([Region; 2], usize)> {
     let overflow = || Error::Overflow {
         what: "workspace",
-        detail: format!(
-            "{rows} rows x {heads} heads x {splits} splits x {kv_lora_rank} values"
-        ),
+        detail: format!("{rows} rows x {heads} heads x {splits} splits x {kv_lora_rank} values"),
     };
     let lse = rows
         .checked_mul(heads)
@@ -400,9 +448,18 @@ fn shape<const N: usize>(arg: &'static str, got: [usize; N], want: [Dim; N]) -> 
     })
 }
 
-fn last_contiguous<const N: usize>(arg: &'static str, shape: [usize; N], strides: [usize; N]) -> Result<()> {
+fn last_contiguous<const N: usize>(
+    arg: &'static str,
+    shape: [usize; N],
+    strides: [usize; N],
+) -> Result<()> {
     if shape[N - 1] > 1 && strides[N - 1] != 1 {
-        return Err(stride(arg, "the last dimension must be contiguous", &strides, &shape));
+        return Err(stride(
+            arg,
+            "the last dimension must be contiguous",
+            &strides,
+            &shape,
+        ));
     }
     Ok(())
 }

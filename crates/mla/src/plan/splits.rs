@@ -17,7 +17,11 @@ pub fn num_kv_splits(max_kv_len: usize, sm_count: usize) -> usize {
 
 /// The split counts a decode can pick for lengths up to `max_kv_len`: the powers of two below
 /// the maximum's bit length and the maximum itself; only 1 in batch-invariant mode.
-pub fn warmup_split_counts(max_kv_len: usize, sm_count: usize, batch_invariant: bool) -> Vec<usize> {
+pub fn warmup_split_counts(
+    max_kv_len: usize,
+    sm_count: usize,
+    batch_invariant: bool,
+) -> Vec<usize> {
     if batch_invariant {
         return vec![1];
     }
@@ -67,7 +71,10 @@ mod tests {
     #[test]
     fn warmup_counts_cover_every_choice() {
         assert_eq!(warmup_split_counts(8192, 132, false), [1, 2, 4, 8, 16]);
-        assert_eq!(warmup_split_counts(1 << 20, 132, false), [1, 2, 4, 8, 16, 32, 64, 128, 256, 264]);
+        assert_eq!(
+            warmup_split_counts(1 << 20, 132, false),
+            [1, 2, 4, 8, 16, 32, 64, 128, 256, 264]
+        );
         assert_eq!(warmup_split_counts(100, 132, false), [1]);
         assert_eq!(warmup_split_counts(1 << 20, 132, true), [1]);
         // Every count the rule can produce at or below the maximum length is in the set.

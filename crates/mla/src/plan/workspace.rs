@@ -35,7 +35,10 @@ fn align_up(x: usize) -> Option<usize> {
 /// Lays out `K` simultaneous views back to back, each at a 256-byte aligned offset. Returns
 /// the views and the bytes they need in all.
 pub fn layout<const K: usize>(bytes: [usize; K]) -> Result<([Region; K], usize)> {
-    let mut regions = [Region { offset: 0, bytes: 0 }; K];
+    let mut regions = [Region {
+        offset: 0,
+        bytes: 0,
+    }; K];
     let mut end = 0usize;
     for (r, &b) in regions.iter_mut().zip(&bytes) {
         let offset = align_up(end).ok_or_else(|| overflow(&bytes))?;
@@ -110,10 +113,34 @@ mod tests {
     #[test]
     fn views_are_aligned_and_disjoint() {
         let (r, total) = layout([1000, 4, 0, 256]).unwrap();
-        assert_eq!(r[0], Region { offset: 0, bytes: 1000 });
-        assert_eq!(r[1], Region { offset: 1024, bytes: 4 });
-        assert_eq!(r[2], Region { offset: 1280, bytes: 0 });
-        assert_eq!(r[3], Region { offset: 1280, bytes: 256 });
+        assert_eq!(
+            r[0],
+            Region {
+                offset: 0,
+                bytes: 1000
+            }
+        );
+        assert_eq!(
+            r[1],
+            Region {
+                offset: 1024,
+                bytes: 4
+            }
+        );
+        assert_eq!(
+            r[2],
+            Region {
+                offset: 1280,
+                bytes: 0
+            }
+        );
+        assert_eq!(
+            r[3],
+            Region {
+                offset: 1280,
+                bytes: 256
+            }
+        );
         assert_eq!(total, 1536);
         for v in r {
             assert_eq!(v.offset % ALIGN, 0);
@@ -145,6 +172,9 @@ mod tests {
 
     #[test]
     fn overflow_is_an_error() {
-        assert!(matches!(layout([usize::MAX, 1]), Err(Error::Overflow { .. })));
+        assert!(matches!(
+            layout([usize::MAX, 1]),
+            Err(Error::Overflow { .. })
+        ));
     }
 }

@@ -13,7 +13,11 @@ use crate::plan::{DecodePlan, split_range};
 
 /// Disjoint rows of an output: row r starts at `r * stride` (the plan checked they do not
 /// overlap; a single row may have any stride).
-fn rows_mut<T: Send>(data: &mut [T], rows: usize, stride: usize) -> impl IndexedParallelIterator<Item = &mut [T]> {
+fn rows_mut<T: Send>(
+    data: &mut [T],
+    rows: usize,
+    stride: usize,
+) -> impl IndexedParallelIterator<Item = &mut [T]> {
     let stride = if rows <= 1 { data.len().max(1) } else { stride };
     data.par_chunks_mut(stride).take(rows)
 }

@@ -14,12 +14,22 @@ pub struct Mat {
 impl Mat {
     /// A row-major matrix whose rows are `row_stride` apart.
     pub fn rows(rows: usize, cols: usize, row_stride: usize) -> Mat {
-        Mat { rows, cols, row_stride, col_stride: 1 }
+        Mat {
+            rows,
+            cols,
+            row_stride,
+            col_stride: 1,
+        }
     }
 
     /// The transpose of a row-major `cols x rows` matrix whose rows are `row_stride` apart.
     pub fn transposed(rows: usize, cols: usize, row_stride: usize) -> Mat {
-        Mat { rows, cols, row_stride: 1, col_stride: row_stride }
+        Mat {
+            rows,
+            cols,
+            row_stride: 1,
+            col_stride: row_stride,
+        }
     }
 
     /// Whether every element lies inside a slice of `len` elements.
@@ -37,8 +47,14 @@ impl Mat {
 /// size their scratch from the same numbers).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(alpha: f32, a: &[f32], am: Mat, b: &[f32], bm: Mat, beta: f32, c: &mut [f32], cm: Mat) {
-    assert!(am.cols == bm.rows && am.rows == cm.rows && bm.cols == cm.cols, "gemm shapes");
-    assert!(am.fits(a.len()) && bm.fits(b.len()) && cm.fits(c.len()), "gemm bounds");
+    assert!(
+        am.cols == bm.rows && am.rows == cm.rows && bm.cols == cm.cols,
+        "gemm shapes"
+    );
+    assert!(
+        am.fits(a.len()) && bm.fits(b.len()) && cm.fits(c.len()),
+        "gemm bounds"
+    );
     if cm.rows == 0 || cm.cols == 0 {
         return;
     }
@@ -74,7 +90,16 @@ mod tests {
         let a: Vec<f32> = (0..15).map(|x| x as f32 * 0.5).collect();
         let bt: Vec<f32> = (0..8).map(|x| (x as f32 - 3.0) * 0.25).collect();
         let mut c = vec![1.0f32; 6];
-        gemm(2.0, &a, Mat::rows(3, 4, 5), &bt, Mat::transposed(4, 2, 4), 1.0, &mut c, Mat::rows(3, 2, 2));
+        gemm(
+            2.0,
+            &a,
+            Mat::rows(3, 4, 5),
+            &bt,
+            Mat::transposed(4, 2, 4),
+            1.0,
+            &mut c,
+            Mat::rows(3, 2, 2),
+        );
         for i in 0..3 {
             for j in 0..2 {
                 let dot: f32 = (0..4).map(|k| a[i * 5 + k] * bt[j * 4 + k]).sum();
@@ -89,6 +114,15 @@ mod tests {
         let a = vec![0f32; 11];
         let b = vec![0f32; 8];
         let mut c = vec![0f32; 6];
-        gemm(1.0, &a, Mat::rows(3, 4, 4), &b, Mat::rows(4, 2, 2), 0.0, &mut c, Mat::rows(3, 2, 2));
+        gemm(
+            1.0,
+            &a,
+            Mat::rows(3, 4, 4),
+            &b,
+            Mat::rows(4, 2, 2),
+            0.0,
+            &mut c,
+            Mat::rows(3, 2, 2),
+        );
     }
 }

@@ -63,17 +63,28 @@ impl<'a> HostInputs<'a> {
                 let h = Halfs::of(q, "q")?;
                 (h, h, plan.kv_lora_rank)
             }
-            Query::Split { nope, rope } => (Halfs::of(nope, "q_nope")?, Halfs::of(rope, "q_pe")?, 0),
+            Query::Split { nope, rope } => {
+                (Halfs::of(nope, "q_nope")?, Halfs::of(rope, "q_pe")?, 0)
+            }
         };
         let host = |arg| Error::memory(arg, "expected a host tensor");
         let this = HostInputs {
             nope,
             rope,
             rope_offset,
-            kv: inputs.kv_cache.host_bytes().ok_or_else(|| host("kv_cache"))?,
+            kv: inputs
+                .kv_cache
+                .host_bytes()
+                .ok_or_else(|| host("kv_cache"))?,
             kv_elem: plan.kv_format.size(),
-            block_table: inputs.block_table.host_slice().ok_or_else(|| host("block_table"))?,
-            seq_lens: inputs.seq_lens.host_slice().ok_or_else(|| host("seq_lens"))?,
+            block_table: inputs
+                .block_table
+                .host_slice()
+                .ok_or_else(|| host("block_table"))?,
+            seq_lens: inputs
+                .seq_lens
+                .host_slice()
+                .ok_or_else(|| host("seq_lens"))?,
             decoder: plan.kv_format.decoder(plan.model_dtype, plan.k_scale),
         };
         this.check_values(plan)?;
@@ -137,7 +148,8 @@ impl<'a> HostInputs<'a> {
         let [rr, rh] = plan.q.rope_strides;
         let (dst_nope, dst_rope) = dst.split_at_mut(l);
         self.nope.read(row * nr + head * nh, dst_nope);
-        self.rope.read(row * rr + head * rh + self.rope_offset, dst_rope);
+        self.rope
+            .read(row * rr + head * rh + self.rope_offset, dst_rope);
     }
 
     /// Key `pos` of `request` as the values the products use (`dst` holds D values). The page
@@ -147,6 +159,7 @@ impl<'a> HostInputs<'a> {
         let block = self.block_table[request * plan.block_table_stride + pos / ps] as usize;
         let elem = block * plan.kv.page_stride + (pos % ps) * plan.kv.token_stride;
         let off = elem * self.kv_elem;
-        self.decoder.decode(&self.kv[off..off + dst.len() * self.kv_elem], dst);
+        self.decoder
+            .decode(&self.kv[off..off + dst.len() * self.kv_elem], dst);
     }
 }

@@ -1,10 +1,10 @@
 //! The CPU backend: the decode contract in plain Rust, parallel with rayon. It is the
 //! reference the GPU kernels are checked against and the default on a machine without a GPU.
 //!
-//! - [`inputs`]: typed host views and the value checks (lengths, block ids).
-//! - [`split`]: stage 1, one normalized partial output and LSE per split.
-//! - [`combine`]: stage 2, the ascending merge into o and lse.
-//! - [`gemm`]: the safe wrapper of the f32 GEMM both products use.
+//! - `inputs`: typed host views and the value checks (lengths, block ids).
+//! - `split`: stage 1, one normalized partial output and LSE per split.
+//! - `combine`: stage 2, the ascending merge into o and lse.
+//! - `gemm`: the safe wrapper of the f32 GEMM both products use.
 
 mod combine;
 mod gemm;
@@ -49,8 +49,9 @@ impl CpuBackend {
     /// Runs a planned decode. Every value is checked before anything is written.
     ///
     /// # Errors
-    /// The value errors of [`inputs::HostInputs::new`], and [`Error::Memory`] for outputs that
-    /// are not aligned host slices.
+    /// [`Error::NegativeSeqLen`], [`Error::SeqLenBeyondBlockTable`],
+    /// [`Error::BlockIdOutOfRange`]; [`Error::Memory`] for outputs that are not aligned host
+    /// slices.
     pub fn forward(
         &mut self,
         plan: &DecodePlan,

@@ -19,11 +19,13 @@ use super::gemm::{Mat, gemm};
 use super::inputs::HostInputs;
 use crate::plan::{DecodePlan, KeyRange, split_range};
 
-/// Keys per softmax step.
-pub const KEY_CHUNK: usize = 128;
-/// Heads per work item: enough rows for an efficient GEMM, small enough to spread a short
-/// batch over the cores. Fixed, so that a row's arithmetic never depends on the batch.
-pub const HEAD_GROUP: usize = 32;
+/// Keys per softmax step. 256 beat 64 and 128 by 5-10% on a 2-core AVX-512 EPYC (the key
+/// chunk, the scores and the accumulator still fit its 1 MB L2).
+pub const KEY_CHUNK: usize = 256;
+/// Heads per work item: all of them up to 128, so each key is decoded once per split and the
+/// GEMMs get their tallest shape (+45% at 128 heads against groups of 32). Fixed, so that a
+/// row's arithmetic never depends on the batch; parallelism comes from rows and splits.
+pub const HEAD_GROUP: usize = 128;
 
 /// Per-thread buffers of one work item.
 struct Scratch {
@@ -107,7 +109,16 @@ fn attend(
         }
         // 2. S = scale * Q K^T
         let s_mat = Mat::rows(hg, n, KEY_CHUNK);
-        gemm(plan.scale, &sc.q, Mat::rows(hg, d, d), &sc.k, Mat::transposed(d, n, d), 0.0, &mut sc.s, s_mat);
+        gemm(
+            plan.scale,
+            &sc.q,
+            Mat::rows(hg, d, d),
+            &sc.k,
+            Mat::transposed(d, n, d),
+            0.0,
+            &mut sc.s,
+            s_mat,
+        );
         // 3. online softmax
         for i in 0..hg {
             let p = &mut sc.s[i * KEY_CHUNK..i * KEY_CHUNK + n];
@@ -123,16 +134,30 @@ fn attend(
             sc.l[i] = sc.l[i] * alpha + sum;
             sc.m[i] = m_new;
             if alpha != 1.0 {
-                sc.acc[i * l..(i + 1) * l].iter_mut().for_each(|a| *a *= alpha);
+                sc.acc[i * l..(i + 1) * l]
+                    .iter_mut()
+                    .for_each(|a| *a *= alpha);
             }
         }
         // 4. acc += P V
-        gemm(1.0, &sc.s, s_mat, &sc.k, Mat::rows(n, l, d), 1.0, &mut sc.acc, Mat::rows(hg, l, l));
+        gemm(
+            1.0,
+            &sc.s,
+            s_mat,
+            &sc.k,
+            Mat::rows(n, l, d),
+            1.0,
+            &mut sc.acc,
+            Mat::rows(hg, l, l),
+        );
     }
 
     for i in 0..hg {
         let li = sc.l[i];
-        for (dst, a) in o[i * l..(i + 1) * l].iter_mut().zip(&sc.acc[i * l..(i + 1) * l]) {
+        for (dst, a) in o[i * l..(i + 1) * l]
+            .iter_mut()
+            .zip(&sc.acc[i * l..(i + 1) * l])
+        {
             *dst = a / li;
         }
         lse[i] = sc.m[i] + li.ln();

@@ -1,0 +1,379 @@
+//! `mla bench`: times decodes on random problems and checks them against the f64 reference.
+//!
+//! One case from the arguments, or (with no case argument) a small DeepSeek-V3-shaped grid
+//! with a progress display. Time is the median over `--iters` runs of forward after one
+//! warmup run; GB/s counts the cache bytes each request's rows read plus q and o, TFLOP/s the
+//! two products (2 * H * keys * (D + L) per row). The error columns compare the first rows
+//! (up to 4 requests) with the reference.
+
+use std::io::IsTerminal;
+use std::time::Instant;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use mla::reference;
+use mla::synth::{Outputs, Problem, ProblemSpec};
+use mla::{CacheDtype, Mask, MlaConfig, MlaDecode, ModelDtype};
+use serde::Serialize;
+
+use crate::BackendArg;
+
+/// Requests whose rows are checked against the reference.
+const CHECK_REQUESTS: usize = 4;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Backend to time.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    backend: BackendArg,
+    /// Requests in the batch.
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Query heads.
+    #[arg(long)]
+    heads: Option<usize>,
+    /// Keys per request (the longest with --varlen).
+    #[arg(long)]
+    ctx: Option<usize>,
+    /// Keys per cache page.
+    #[arg(long)]
+    page: Option<usize>,
+    /// Cache dtype: vLLM's names (auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2) or bf16, f16.
+    #[arg(long)]
+    kv_dtype: Option<String>,
+    /// New query tokens per request.
+    #[arg(long)]
+    query_len: Option<usize>,
+    /// Whether the query tokens of a request see each other causally.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    causal: bool,
+    /// Sliding window (keys).
+    #[arg(long)]
+    window: Option<usize>,
+    /// Draw lengths uniformly in [ctx/8, ctx] instead of all ctx.
+    #[arg(long)]
+    varlen: bool,
+    /// Timed runs per case (default 5).
+    #[arg(long)]
+    iters: Option<usize>,
+    /// Print one JSON object per case; the last stdout line is the last case's.
+    #[arg(long)]
+    json: bool,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// One benchmark case.
+#[derive(Debug, Clone, Serialize)]
+struct Case {
+    batch: usize,
+    heads: usize,
+    ctx: usize,
+    page: usize,
+    kv_dtype: String,
+    query_len: usize,
+    causal: bool,
+    window: Option<usize>,
+    varlen: bool,
+}
+
+/// What a case measured.
+#[derive(Debug, Clone, Serialize)]
+struct Measured {
+    #[serde(flatten)]
+    case: Case,
+    backend: &'static str,
+    device: String,
+    num_kv_splits: usize,
+    iters: usize,
+    us: f64,
+    #[serde(rename = "TBps")]
+    tbps: f64,
+    #[serde(rename = "TFLOPs")]
+    tflops: f64,
+    err_o: f64,
+    err_lse: f64,
+}
+
+impl BenchArgs {
+    fn has_case(&self) -> bool {
+        self.batch.is_some()
+            || self.heads.is_some()
+            || self.ctx.is_some()
+            || self.page.is_some()
+            || self.kv_dtype.is_some()
+            || self.query_len.is_some()
+            || self.window.is_some()
+            || self.varlen
+    }
+
+    fn case(&self) -> Case {
+        Case {
+            batch: self.batch.unwrap_or(8),
+            heads: self.heads.unwrap_or(128),
+            ctx: self.ctx.unwrap_or(4096),
+            page: self.page.unwrap_or(64),
+            kv_dtype: self.kv_dtype.clone().unwrap_or_else(|| "bf16".into()),
+            query_len: self.query_len.unwrap_or(1),
+            causal: self.causal,
+            window: self.window,
+            varlen: self.varlen,
+        }
+    }
+}
+
+/// The default grid: DeepSeek-V3 shapes (576-wide rows, page 64), sized for a CPU.
+fn grid() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for heads in [16, 128] {
+        for kv in ["bf16", "fp8"] {
+            for (batch, ctx) in [(1, 4096), (8, 4096), (32, 2048)] {
+                cases.push(Case {
+                    batch,
+                    heads,
+                    ctx,
+                    page: 64,
+                    kv_dtype: kv.into(),
+                    query_len: 1,
+                    causal: true,
+                    window: None,
+                    varlen: false,
+                });
+            }
+        }
+    }
+    cases
+}
+
+/// The CLI's cache dtype names: vLLM's, plus the short bf16/f16.
+fn cache_dtype(name: &str) -> mla::Result<CacheDtype> {
+    match name {
+        "bf16" => Ok(CacheDtype::Bf16),
+        "f16" => Ok(CacheDtype::F16),
+        other => other.parse(),
+    }
+}
+
+pub fn run(args: &BenchArgs) -> mla::Result<()> {
+    let cases = if args.has_case() {
+        vec![args.case()]
+    } else {
+        grid()
+    };
+    let iters = args.iters.unwrap_or(5).max(1);
+    let mut progress = Progress::new(cases.len(), args.json);
+    let mut rows = Vec::new();
+    for case in &cases {
+        progress.start(case);
+        let m = measure(case, args.backend, iters, args.seed)?;
+        if args.json {
+            println!("{}", serde_json::to_string(&m).unwrap_or_default());
+        }
+        rows.push(m);
+        progress.done();
+    }
+    progress.finish();
+    if !args.json {
+        print_table(&rows);
+    }
+    Ok(())
+}
+
+fn measure(case: &Case, backend: BackendArg, iters: usize, seed: u64) -> mla::Result<Measured> {
+    let cache = cache_dtype(&case.kv_dtype)?;
+    let mut cfg = MlaConfig::new(case.heads, 192f32.powf(-0.5));
+    cfg.kv_cache_dtype = cache;
+    cfg.sliding_window = case.window;
+    let mut dec = MlaDecode::new(&cfg, backend.device())?;
+
+    let lens = ProblemSpec::lengths(case.batch, case.ctx, case.varlen, seed);
+    let mut spec = ProblemSpec::new(case.heads, lens);
+    spec.page_size = case.page;
+    spec.query_len = case.query_len;
+    spec.mask = if case.causal {
+        Mask::Causal
+    } else {
+        Mask::NonCausal
+    };
+    spec.kv_format = cache.resolve(ModelDtype::Bf16)?;
+    spec.k_scale = if spec.kv_format.is_fp8() { 0.5 } else { 1.0 };
+    spec.seed = seed;
+    let problem = Problem::generate(&spec);
+    let inputs = problem.inputs()?;
+
+    dec.reserve_workspace(problem.rows(), case.ctx)?;
+    dec.lock_workspace();
+    let mut out = Outputs::poisoned(&problem);
+    let plan = dec.forward(&inputs, &mut out.views()?)?; // warmup, and the checked run
+
+    let check_rows = CHECK_REQUESTS.min(case.batch) * case.query_len;
+    let r = reference::decode_f64(dec.config(), &inputs, Some(check_rows))?;
+    let acc = r.accuracy(&out.o.to_f32(), &out.lse);
+
+    let mut times = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        dec.forward(&inputs, &mut out.views()?)?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    let secs = times[times.len() / 2];
+
+    let (bytes, flops) = traffic(&problem, &plan);
+    Ok(Measured {
+        case: case.clone(),
+        backend: dec.backend_name(),
+        device: dec.device().to_string(),
+        num_kv_splits: plan.num_kv_splits,
+        iters,
+        us: secs * 1e6,
+        tbps: bytes / secs / 1e12,
+        tflops: flops / secs / 1e12,
+        err_o: acc.o_rel,
+        err_lse: acc.lse_abs,
+    })
+}
+
+/// Bytes a decode must move (each request's keys once, q in, o out) and the FLOPs of its two
+/// products.
+fn traffic(p: &Problem, plan: &mla::DecodePlan) -> (f64, f64) {
+    let (h, d, l) = (
+        plan.heads as f64,
+        plan.head_dim() as f64,
+        plan.kv_lora_rank as f64,
+    );
+    let elem = plan.kv_format.size() as f64;
+    let (mut keys_read, mut keys_attended) = (0f64, 0f64);
+    for (i, &len) in p.seq_lens.iter().enumerate() {
+        let rows = (0..plan.query_len).map(|t| plan.row_keys(i * plan.query_len + t, len as usize));
+        let (mut start, mut end) = (usize::MAX, 0);
+        for k in rows {
+            keys_attended += k.len() as f64;
+            if !k.is_empty() {
+                start = start.min(k.start);
+                end = end.max(k.end);
+            }
+        }
+        keys_read += end.saturating_sub(start) as f64;
+    }
+    let rows = plan.rows as f64;
+    let bytes = keys_read * d * elem + rows * h * (d + l) * 2.0;
+    let flops = 2.0 * h * keys_attended * (d + l);
+    (bytes, flops)
+}
+
+fn print_table(rows: &[Measured]) {
+    if let Some(first) = rows.first() {
+        println!(
+            "backend {} on {}, median of {} runs",
+            first.backend, first.device, first.iters
+        );
+    }
+    println!(
+        "{:>5} {:>5} {:>7} {:>5} {:>5} {:>3} {:>7} {:>7} {:>11} {:>8} {:>8} {:>9} {:>9}",
+        "batch",
+        "heads",
+        "ctx",
+        "page",
+        "kv",
+        "Q",
+        "window",
+        "splits",
+        "time",
+        "GB/s",
+        "TFLOP/s",
+        "err_o",
+        "err_lse"
+    );
+    for m in rows {
+        let c = &m.case;
+        let ctx = if c.varlen {
+            format!("<={}", c.ctx)
+        } else {
+            c.ctx.to_string()
+        };
+        let q = if c.query_len > 1 && !c.causal {
+            format!("{}n", c.query_len)
+        } else {
+            c.query_len.to_string()
+        };
+        println!(
+            "{:>5} {:>5} {:>7} {:>5} {:>5} {:>3} {:>7} {:>7} {:>11} {:>8.1} {:>8.3} {:>9.2e} {:>9.2e}",
+            c.batch,
+            c.heads,
+            ctx,
+            c.page,
+            c.kv_dtype,
+            q,
+            c.window.map_or("-".into(), |w| w.to_string()),
+            m.num_kv_splits,
+            format_time(m.us),
+            m.tbps * 1e3,
+            m.tflops,
+            m.err_o,
+            m.err_lse
+        );
+    }
+}
+
+fn format_time(us: f64) -> String {
+    if us >= 1e4 {
+        format!("{:.2} ms", us / 1e3)
+    } else {
+        format!("{us:.1} us")
+    }
+}
+
+/// A progress bar on a terminal, a line per case otherwise (so CI logs show progress too).
+struct Progress {
+    bar: Option<ProgressBar>,
+    total: usize,
+    quiet: bool,
+    index: usize,
+}
+
+impl Progress {
+    fn new(total: usize, quiet: bool) -> Self {
+        let bar = (total > 1 && std::io::stderr().is_terminal()).then(|| {
+            let bar = ProgressBar::new(total as u64);
+            if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}")
+            {
+                bar.set_style(style);
+            }
+            bar
+        });
+        Progress {
+            bar,
+            total,
+            quiet,
+            index: 0,
+        }
+    }
+
+    fn start(&mut self, c: &Case) {
+        self.index += 1;
+        let i = self.index;
+        let what = format!(
+            "B={} H={} ctx={} kv={}",
+            c.batch, c.heads, c.ctx, c.kv_dtype
+        );
+        match &self.bar {
+            Some(bar) => bar.set_message(what),
+            None if self.total > 1 && !self.quiet => eprintln!("[{i}/{}] {what}", self.total),
+            None => {}
+        }
+    }
+
+    fn done(&self) {
+        if let Some(bar) = &self.bar {
+            bar.inc(1);
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! The `mla` binary as a user (and the anchors benchmark) calls it.
+
+use std::process::Command;
+
+fn mla(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_mla"))
+        .args(args)
+        .output()
+        .expect("run mla")
+}
+
+#[test]
+fn bench_json_reports_the_fields_the_anchors_script_reads() {
+    let out = mla(&[
+        "bench",
+        "--backend",
+        "cpu",
+        "--batch",
+        "3",
+        "--heads",
+        "16",
+        "--ctx",
+        "700",
+        "--page",
+        "16",
+        "--kv-dtype",
+        "fp8",
+        "--query-len",
+        "2",
+        "--varlen",
+        "--iters",
+        "2",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let last = stdout.lines().last().expect("a JSON line");
+    let v: serde_json::Value = serde_json::from_str(last).expect("JSON");
+    for key in ["us", "TBps", "TFLOPs", "err_o", "err_lse", "num_kv_splits"] {
+        assert!(
+            v[key].as_f64().is_some_and(|x| x.is_finite() && x >= 0.0),
+            "{key} in {last}"
+        );
+    }
+    assert_eq!(v["backend"], "cpu");
+    assert!(v["err_o"].as_f64().unwrap() < 5e-3, "{last}");
+    assert!(v["err_lse"].as_f64().unwrap() < 1e-3, "{last}");
+    assert_eq!(v["query_len"], 2);
+}
+
+#[test]
+fn bench_prints_a_table() {
+    let out = mla(&[
+        "bench",
+        "--backend",
+        "auto",
+        "--batch",
+        "1",
+        "--heads",
+        "8",
+        "--ctx",
+        "100",
+        "--iters",
+        "1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.contains("TFLOP/s") && stdout.contains("err_o"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.lines().count(), 3, "{stdout}");
+}
+
+#[test]
+fn bad_arguments_are_errors_not_panics() {
+    let out = mla(&[
+        "bench",
+        "--batch",
+        "1",
+        "--heads",
+        "8",
+        "--ctx",
+        "100",
+        "--kv-dtype",
+        "fp4",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown name \"fp4\""), "{err}");
+    let out = mla(&["bench", "--batch", "1", "--heads", "0", "--ctx", "100"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("num_heads"));
+}
+
+#[test]
+fn cuda_backend_without_a_gpu_is_a_clear_error() {
+    let out = mla(&[
+        "bench",
+        "--backend",
+        "cuda",
+        "--batch",
+        "1",
+        "--heads",
+        "8",
+        "--ctx",
+        "100",
+    ]);
+    if out.status.success() {
+        return; // a GPU build on a GPU machine
+    }
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cuda") || err.contains("CUDA"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn info_lists_the_backends_and_split_counts() {
+    let out = mla(&["info"]);
+    assert!(out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.contains("cpu") && stdout.contains("cuda") && stdout.contains("splits"),
+        "{stdout}"
+    );
+}

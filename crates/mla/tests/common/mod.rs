@@ -1,0 +1,112 @@
+//! Shared by the contract tests: a case description that every backend runs, and the check
+//! against the f64 reference with the contract's tolerances.
+#![allow(dead_code)]
+
+use mla::reference::{self, Accuracy};
+use mla::synth::{Outputs, Problem, ProblemSpec};
+use mla::{Device, KvFormat, Mask, MlaConfig, MlaDecode, ModelDtype};
+
+/// `||o - ref|| / ||ref||` with a bf16 or f16 query.
+pub const O_TOL: f64 = 5e-3;
+/// Largest LSE error.
+pub const LSE_TOL: f64 = 1e-3;
+
+/// One decode case: a problem and the decoder settings it runs under.
+#[derive(Debug, Clone)]
+pub struct Case {
+    pub spec: ProblemSpec,
+    pub window: Option<usize>,
+    pub batch_invariant: bool,
+    pub split_q: bool,
+    /// Overrides the SM count of the split rule (to reach many splits on a small CPU).
+    pub split_units: Option<usize>,
+}
+
+impl Case {
+    pub fn new(spec: ProblemSpec) -> Self {
+        Case {
+            spec,
+            window: None,
+            batch_invariant: false,
+            split_q: false,
+            split_units: None,
+        }
+    }
+
+    pub fn config(&self) -> MlaConfig {
+        let mut c = MlaConfig::new(self.spec.heads, 192f32.powf(-0.5));
+        c.kv_lora_rank = self.spec.kv_lora_rank;
+        c.qk_rope_head_dim = self.spec.rope_dim;
+        c.model_dtype = self.spec.model_dtype;
+        c.kv_cache_dtype = match self.spec.kv_format {
+            KvFormat::Bf16 => mla::CacheDtype::Bf16,
+            KvFormat::F16 => mla::CacheDtype::F16,
+            KvFormat::Fp8E4m3 => mla::CacheDtype::Fp8E4m3,
+            KvFormat::Fp8E5m2 => mla::CacheDtype::Fp8E5m2,
+        };
+        c.sliding_window = self.window;
+        c.batch_invariant = self.batch_invariant;
+        c.split_units = self.split_units;
+        c
+    }
+}
+
+/// What a run gave and how far it is from the reference.
+pub struct Checked {
+    pub accuracy: Accuracy,
+    pub num_kv_splits: usize,
+    pub outputs: Outputs,
+}
+
+/// Runs a case on a device with poisoned outputs and compares it with the f64 reference.
+pub fn run_case(case: &Case, device: Device) -> Checked {
+    let problem = Problem::generate(&case.spec);
+    let mut dec = MlaDecode::new(&case.config(), device).expect("valid config");
+    let mut out = Outputs::poisoned(&problem);
+    let mut inputs = problem.inputs().expect("inputs");
+    if case.split_q {
+        inputs.q = problem.query_split().expect("split q");
+    }
+    let plan = dec
+        .forward(&inputs, &mut out.views().unwrap())
+        .expect("forward");
+    let reference = reference::decode_f64(dec.config(), &inputs, None).expect("reference");
+    let accuracy = reference.accuracy(&out.o.to_f32(), &out.lse);
+    Checked {
+        accuracy,
+        num_kv_splits: plan.num_kv_splits,
+        outputs: out,
+    }
+}
+
+/// Asserts the contract's tolerances.
+pub fn assert_accurate(case: &Case, a: Accuracy) {
+    assert!(
+        a.o_rel <= O_TOL && a.lse_abs <= LSE_TOL,
+        "o_rel {:.3e} (tol {O_TOL:e}), lse_abs {:.3e} (tol {LSE_TOL:e}) for {case:#?}",
+        a.o_rel,
+        a.lse_abs
+    );
+}
+
+/// A compact spec for hand-written cases.
+pub fn spec(heads: usize, page: usize, lens: &[usize], q_len: usize, mask: Mask) -> ProblemSpec {
+    let mut s = ProblemSpec::new(heads, lens.to_vec());
+    s.page_size = page;
+    s.query_len = q_len;
+    s.mask = mask;
+    s
+}
+
+/// Every cache format with the model dtypes worth testing against it.
+pub fn formats() -> Vec<(ModelDtype, KvFormat)> {
+    vec![
+        (ModelDtype::Bf16, KvFormat::Bf16),
+        (ModelDtype::F16, KvFormat::F16),
+        (ModelDtype::Bf16, KvFormat::F16),
+        (ModelDtype::F16, KvFormat::Bf16),
+        (ModelDtype::Bf16, KvFormat::Fp8E4m3),
+        (ModelDtype::Bf16, KvFormat::Fp8E5m2),
+        (ModelDtype::F16, KvFormat::Fp8E4m3),
+    ]
+}
