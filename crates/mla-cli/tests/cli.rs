@@ -9,9 +9,17 @@ fn mla(args: &[&str]) -> std::process::Output {
         .expect("run mla")
 }
 
+/// Runs mla, asserts it succeeded and returns its stdout.
+fn mla_ok(args: &[&str]) -> String {
+    let out = mla(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "mla {args:?} failed: {err}");
+    String::from_utf8(out.stdout).expect("utf-8 stdout")
+}
+
 #[test]
 fn bench_json_reports_the_fields_the_anchors_script_reads() {
-    let out = mla(&[
+    let stdout = mla_ok(&[
         "bench",
         "--backend",
         "cpu",
@@ -32,12 +40,6 @@ fn bench_json_reports_the_fields_the_anchors_script_reads() {
         "2",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
     let last = stdout.lines().last().expect("a JSON line");
     let v: serde_json::Value = serde_json::from_str(last).expect("JSON");
     for key in ["us", "TBps", "TFLOPs", "err_o", "err_lse", "num_kv_splits"] {
@@ -54,7 +56,7 @@ fn bench_json_reports_the_fields_the_anchors_script_reads() {
 
 #[test]
 fn bench_prints_a_table() {
-    let out = mla(&[
+    let stdout = mla_ok(&[
         "bench",
         "--backend",
         "auto",
@@ -67,12 +69,6 @@ fn bench_prints_a_table() {
         "--iters",
         "1",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(
         stdout.contains("TFLOP/s") && stdout.contains("err_o"),
         "{stdout}"
@@ -125,9 +121,7 @@ fn cuda_backend_without_a_gpu_is_a_clear_error() {
 
 #[test]
 fn info_lists_the_backends_and_split_counts() {
-    let out = mla(&["info"]);
-    assert!(out.status.success());
-    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stdout = mla_ok(&["info"]);
     assert!(
         stdout.contains("cpu") && stdout.contains("cuda") && stdout.contains("splits"),
         "{stdout}"

@@ -75,3 +75,8 @@ pub use dtype::{CacheDtype, DType, Element, KvFormat, ModelDtype};
 pub use error::{Capability, Error, Result};
 pub use plan::{DecodePlan, Mask};
 pub use tensor::{Location, TensorMut, TensorRef};
+
+/// The README's example compiles and runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

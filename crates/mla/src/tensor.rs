@@ -52,6 +52,26 @@ pub struct TensorMut<'a, const N: usize> {
     strides: [usize; N],
 }
 
+/// dtype, shape and strides accessors, the same for both view kinds.
+macro_rules! layout_accessors {
+    () => {
+        /// Storage dtype.
+        pub fn dtype(&self) -> DType {
+            self.dtype
+        }
+
+        /// Shape.
+        pub fn shape(&self) -> [usize; N] {
+            self.shape
+        }
+
+        /// Strides in elements.
+        pub fn strides(&self) -> [usize; N] {
+            self.strides
+        }
+    };
+}
+
 /// Row-major strides of a shape.
 pub fn contiguous_strides<const N: usize>(shape: [usize; N]) -> [usize; N] {
     let mut strides = [0; N];
@@ -136,20 +156,7 @@ impl<'a, const N: usize> TensorRef<'a, N> {
         Ok(self)
     }
 
-    /// Storage dtype.
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    /// Shape.
-    pub fn shape(&self) -> [usize; N] {
-        self.shape
-    }
-
-    /// Strides in elements.
-    pub fn strides(&self) -> [usize; N] {
-        self.strides
-    }
+    layout_accessors!();
 
     /// Where the data is.
     pub fn location(&self) -> Location {
@@ -203,20 +210,7 @@ impl<'a, const N: usize> TensorMut<'a, N> {
         Self::from_host(data, shape, contiguous_strides(shape))
     }
 
-    /// Storage dtype.
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    /// Shape.
-    pub fn shape(&self) -> [usize; N] {
-        self.shape
-    }
-
-    /// Strides in elements.
-    pub fn strides(&self) -> [usize; N] {
-        self.strides
-    }
+    layout_accessors!();
 
     /// Where the data is.
     pub fn location(&self) -> Location {
