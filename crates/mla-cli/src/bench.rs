@@ -27,7 +27,7 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     backend: BackendArg,
     /// Requests in the batch.
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     batch: Option<usize>,
     /// Query heads.
     #[arg(long)]
@@ -36,13 +36,13 @@ pub struct BenchArgs {
     #[arg(long)]
     ctx: Option<usize>,
     /// Keys per cache page.
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     page: Option<usize>,
     /// Cache dtype: vLLM's names (auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2) or bf16, f16.
     #[arg(long)]
     kv_dtype: Option<String>,
     /// New query tokens per request.
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     query_len: Option<usize>,
     /// Whether the query tokens of a request see each other causally.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -54,7 +54,7 @@ pub struct BenchArgs {
     #[arg(long)]
     varlen: bool,
     /// Timed runs per case (default 5).
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     iters: Option<usize>,
     /// Print one JSON object per case; the last stdout line is the last case's.
     #[arg(long)]
@@ -62,6 +62,14 @@ pub struct BenchArgs {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+}
+
+/// A whole number >= 1.
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("expected a whole number >= 1, got {s:?}")),
+    }
 }
 
 /// One benchmark case.
@@ -161,7 +169,7 @@ pub fn run(args: &BenchArgs) -> mla::Result<()> {
     } else {
         grid()
     };
-    let iters = args.iters.unwrap_or(5).max(1);
+    let iters = args.iters.unwrap_or(5);
     let mut progress = Progress::new(cases.len(), args.json);
     let mut rows = Vec::new();
     for case in &cases {
@@ -199,7 +207,7 @@ fn measure(case: &Case, backend: BackendArg, iters: usize, seed: u64) -> mla::Re
     spec.kv_format = cache.resolve(ModelDtype::Bf16)?;
     spec.k_scale = if spec.kv_format.is_fp8() { 0.5 } else { 1.0 };
     spec.seed = seed;
-    let problem = Problem::generate(&spec);
+    let problem = Problem::generate(&spec)?;
     let inputs = problem.inputs()?;
 
     dec.reserve_workspace(problem.rows(), case.ctx)?;

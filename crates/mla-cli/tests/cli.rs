@@ -92,6 +92,9 @@ fn bad_arguments_are_errors_not_panics() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown name \"fp4\""), "{err}");
+    let out = mla(&["bench", "--batch", "1", "--heads", "8", "--page", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected a whole number >= 1"));
     let out = mla(&["bench", "--batch", "1", "--heads", "0", "--ctx", "100"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("num_heads"));

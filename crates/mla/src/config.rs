@@ -238,6 +238,21 @@ impl MlaConfig {
                 "expected None or at least 1, got 0",
             ));
         }
+        // Far above any MLA model; keeps every size product of the plan inside usize.
+        const LIMIT: usize = 1 << 16;
+        for (field, v) in [
+            ("num_heads", self.num_heads),
+            ("kv_lora_rank", self.kv_lora_rank),
+            ("qk_rope_head_dim", self.qk_rope_head_dim),
+            ("dcp_world_size", self.dcp_world_size),
+        ] {
+            if v > LIMIT {
+                return Err(Error::config(
+                    field,
+                    format!("expected at most {LIMIT}, got {v}"),
+                ));
+            }
+        }
         if self.split_units == Some(0) {
             return Err(Error::config(
                 "split_units",
@@ -426,7 +441,7 @@ mod tests {
     #[test]
     fn ranges_are_checked() {
         type Break = fn(&mut MlaConfig);
-        let bad: [(&str, Break); 7] = [
+        let bad: [(&str, Break); 9] = [
             ("num_heads", |c| c.num_heads = 0),
             ("kv_lora_rank", |c| c.kv_lora_rank = 0),
             ("scale", |c| c.scale = f32::NAN),
@@ -434,6 +449,8 @@ mod tests {
             ("sliding_window", |c| c.sliding_window = Some(0)),
             ("dcp_world_size", |c| c.dcp_world_size = 0),
             ("split_units", |c| c.split_units = Some(0)),
+            ("num_heads", |c| c.num_heads = 1 << 17),
+            ("kv_lora_rank", |c| c.kv_lora_rank = usize::MAX),
         ];
         for (field, f) in bad {
             let mut c = cfg();

@@ -219,8 +219,11 @@ impl MlaDecode {
     }
 
     fn grow_workspace(&mut self, bytes: usize) -> Result<()> {
-        if self.workspace.ensure(bytes)? {
-            self.backend.resize_workspace(self.workspace.size());
+        let mut grown = self.workspace.clone();
+        if grown.ensure(bytes)? {
+            // Commit the new size only once the memory is there.
+            self.backend.resize_workspace(grown.size())?;
+            self.workspace = grown;
         }
         Ok(())
     }

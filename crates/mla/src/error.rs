@@ -279,6 +279,15 @@ pub enum Error {
         detail: String,
     },
 
+    /// An allocation the system refused.
+    #[error("{what}: could not allocate {bytes} bytes")]
+    Alloc {
+        /// What was being allocated.
+        what: &'static str,
+        /// Its size.
+        bytes: usize,
+    },
+
     // ---- backends ----
     /// The CUDA backend was asked for in a build without the `cuda` feature.
     #[error(

@@ -25,7 +25,7 @@
 //! use mla::{Device, MlaConfig, MlaDecode, synth::{Outputs, Problem, ProblemSpec}};
 //!
 //! // 16 heads, two requests of 300 and 1000 keys in 64-key pages.
-//! let problem = Problem::generate(&ProblemSpec::new(16, vec![300, 1000]));
+//! let problem = Problem::generate(&ProblemSpec::new(16, vec![300, 1000]))?;
 //! let mut dec = MlaDecode::new(&MlaConfig::new(16, 192f32.powf(-0.5)), Device::Cpu)?;
 //! dec.reserve_workspace(2, 1000)?;
 //! dec.lock_workspace();

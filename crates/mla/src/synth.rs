@@ -11,7 +11,7 @@ use rand_distr::{Distribution, StandardNormal};
 
 use crate::args::{DecodeInputs, DecodeOutputs, Query};
 use crate::dtype::{DType, KvFormat, ModelDtype};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::plan::Mask;
 use crate::tensor::{TensorMut, TensorRef};
 
@@ -189,15 +189,40 @@ pub struct Problem {
 
 impl Problem {
     /// Draws a problem.
-    pub fn generate(spec: &ProblemSpec) -> Problem {
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidConfig`] for a zero page size or query length,
+    /// [`crate::Error::Overflow`] for sizes beyond `usize`.
+    pub fn generate(spec: &ProblemSpec) -> Result<Problem> {
+        if spec.page_size == 0 || spec.query_len == 0 {
+            return Err(Error::config(
+                "problem",
+                "page_size and query_len must be at least 1",
+            ));
+        }
         let mut rng = StdRng::seed_from_u64(spec.seed);
         let d = spec.kv_lora_rank + spec.rope_dim;
         let requests = spec.seq_lens.len();
         let rows = requests * spec.query_len;
         let max_len = spec.seq_lens.iter().copied().max().unwrap_or(0);
+        if i32::try_from(max_len).is_err() {
+            return Err(Error::config(
+                "problem",
+                format!("length {max_len} does not fit in i32"),
+            ));
+        }
         let max_blocks = max_len.div_ceil(spec.page_size).max(1);
-        let num_blocks = requests * max_blocks + spec.spare_blocks.max(1);
         let (_, page_stride) = spec.strides();
+        let overflow = || Error::Overflow {
+            what: "problem",
+            detail: format!("{requests} requests of up to {max_len} keys"),
+        };
+        let num_blocks = requests
+            .checked_mul(max_blocks)
+            .and_then(|b| b.checked_add(spec.spare_blocks.max(1)))
+            .ok_or_else(overflow)?;
+        let kv_len = num_blocks.checked_mul(page_stride).ok_or_else(overflow)?;
+        rows.checked_mul(spec.heads * d).ok_or_else(overflow)?;
 
         let mut normal = |sigma: f32| -> f32 {
             let x: f32 = StandardNormal.sample(&mut rng);
@@ -207,7 +232,6 @@ impl Problem {
             spec.model_dtype,
             (0..rows * spec.heads * d).map(|_| normal(1.0)),
         );
-        let kv_len = num_blocks * page_stride;
         let values = (0..kv_len).map(|_| normal(0.5) / spec.k_scale);
         let kv = match spec.kv_format {
             KvFormat::Bf16 => CacheBuf::Half(HalfBuf::new(ModelDtype::Bf16, values)),
@@ -225,7 +249,7 @@ impl Problem {
         let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
         perm.shuffle(&mut rng);
         let block_table = perm[..requests * max_blocks].to_vec();
-        Problem {
+        Ok(Problem {
             spec: spec.clone(),
             q,
             kv,
@@ -233,7 +257,7 @@ impl Problem {
             block_table,
             max_blocks,
             seq_lens: spec.seq_lens.iter().map(|&l| l as i32).collect(),
-        }
+        })
     }
 
     /// Query rows.

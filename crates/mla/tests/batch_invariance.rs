@@ -45,7 +45,7 @@ fn first_difference(a: &[f32], b: &[f32]) -> Option<(usize, f32, f32, usize)> {
 }
 
 fn check(case: &Case) -> Result<(), TestCaseError> {
-    let p = Problem::generate(&case.spec);
+    let p = Problem::generate(&case.spec).unwrap();
     let mut dec = MlaDecode::new(&case.config(), Device::Cpu).unwrap();
     let mut out = Outputs::poisoned(&p);
     dec.forward(&p.inputs().unwrap(), &mut out.views().unwrap())

@@ -16,7 +16,7 @@ fn problem(lens: &[usize], q_len: usize) -> Problem {
     let mut s = ProblemSpec::new(H, lens.to_vec());
     s.page_size = 16;
     s.query_len = q_len;
-    Problem::generate(&s)
+    Problem::generate(&s).unwrap()
 }
 
 fn decoder() -> MlaDecode {
@@ -125,7 +125,7 @@ fn fp8_caches_accept_fp8_or_bytes_only() {
     let mut s = ProblemSpec::new(H, vec![30]);
     s.kv_format = KvFormat::Fp8E4m3;
     s.k_scale = 0.5;
-    let p = Problem::generate(&s);
+    let p = Problem::generate(&s).unwrap();
     let mut cfg = MlaConfig::new(H, 0.1);
     cfg.kv_cache_dtype = CacheDtype::Fp8E4m3;
     let mut dec = MlaDecode::new(&cfg, Device::Cpu).unwrap();
@@ -558,6 +558,24 @@ fn a_locked_workspace_refuses_to_grow() {
     let mut out = Outputs::poisoned(&p1);
     dec.forward(&p1.inputs().unwrap(), &mut out.views().unwrap())
         .unwrap();
+}
+
+#[test]
+fn an_impossible_reservation_is_an_error_not_an_abort() {
+    let mut dec = decoder();
+    let e = dec.reserve_workspace(1 << 30, 1 << 20).unwrap_err();
+    assert!(
+        matches!(e, Error::Alloc { .. } | Error::Overflow { .. }),
+        "{e}"
+    );
+    assert_eq!(
+        dec.workspace_bytes(),
+        0,
+        "a refused reservation changes nothing"
+    );
+    let e = dec.reserve_workspace(usize::MAX, 1 << 20).unwrap_err();
+    assert!(matches!(e, Error::Overflow { .. }), "{e}");
+    dec.reserve_workspace(2, 100).unwrap();
 }
 
 #[test]

@@ -63,7 +63,7 @@ impl Backend {
         }
     }
 
-    pub(crate) fn resize_workspace(&mut self, bytes: usize) {
+    pub(crate) fn resize_workspace(&mut self, bytes: usize) -> Result<()> {
         match self {
             Backend::Cpu(b) => b.resize_workspace(bytes),
         }

@@ -60,7 +60,7 @@ pub struct Checked {
 
 /// Runs a case on a device with poisoned outputs and compares it with the f64 reference.
 pub fn run_case(case: &Case, device: Device) -> Checked {
-    let problem = Problem::generate(&case.spec);
+    let problem = Problem::generate(&case.spec).unwrap();
     let mut dec = MlaDecode::new(&case.config(), device).expect("valid config");
     let mut out = Outputs::poisoned(&problem);
     let mut inputs = problem.inputs().expect("inputs");

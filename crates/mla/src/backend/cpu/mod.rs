@@ -42,8 +42,19 @@ impl CpuBackend {
     }
 
     /// Resizes the workspace to `bytes` (called only when the manager grew it).
-    pub fn resize_workspace(&mut self, bytes: usize) {
-        self.workspace.resize(bytes.div_ceil(4), 0.0);
+    ///
+    /// # Errors
+    /// [`Error::Alloc`] if the memory is not available (instead of aborting).
+    pub fn resize_workspace(&mut self, bytes: usize) -> Result<()> {
+        let len = bytes.div_ceil(4);
+        self.workspace
+            .try_reserve_exact(len.saturating_sub(self.workspace.len()))
+            .map_err(|_| Error::Alloc {
+                what: "workspace",
+                bytes,
+            })?;
+        self.workspace.resize(len, 0.0);
+        Ok(())
     }
 
     /// Runs a planned decode. Every value is checked before anything is written.
