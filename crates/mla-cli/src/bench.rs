@@ -53,7 +53,7 @@ pub struct BenchArgs {
     /// Draw lengths uniformly in [ctx/8, ctx] instead of all ctx.
     #[arg(long)]
     varlen: bool,
-    /// Timed runs per case (default 5).
+    /// Timed runs per case: CPU decodes, or GPU graph replays (default 5; anchors use 10).
     #[arg(long, value_parser = positive)]
     iters: Option<usize>,
     /// Print one JSON object per case; the last stdout line is the last case's.
@@ -188,6 +188,14 @@ pub fn run(args: &BenchArgs) -> mla::Result<()> {
     Ok(())
 }
 
+/// What one timing run gave: the plan, the checked run's outputs (dense, f32) and the time.
+pub struct Timed {
+    pub plan: mla::DecodePlan,
+    pub o: Vec<f32>,
+    pub lse: Vec<f32>,
+    pub secs: f64,
+}
+
 fn measure(case: &Case, backend: BackendArg, iters: usize, seed: u64) -> mla::Result<Measured> {
     let cache = cache_dtype(&case.kv_dtype)?;
     let mut cfg = MlaConfig::new(case.heads, 192f32.powf(-0.5));
@@ -208,17 +216,41 @@ fn measure(case: &Case, backend: BackendArg, iters: usize, seed: u64) -> mla::Re
     spec.k_scale = if spec.kv_format.is_fp8() { 0.5 } else { 1.0 };
     spec.seed = seed;
     let problem = Problem::generate(&spec)?;
-    let inputs = problem.inputs()?;
 
     dec.reserve_workspace(problem.rows(), case.ctx)?;
     dec.lock_workspace();
-    let mut out = Outputs::poisoned(&problem);
-    let plan = dec.forward(&inputs, &mut out.views()?)?; // warmup, and the checked run
+    let timed = match dec.location() {
+        mla::Location::Host => time_cpu(&mut dec, &problem, iters)?,
+        #[cfg(feature = "cuda")]
+        mla::Location::Cuda(_) => crate::gpu_timing::time(&mut dec, &problem, iters)?,
+        #[cfg(not(feature = "cuda"))]
+        mla::Location::Cuda(_) => return Err(mla::Error::CudaNotCompiled),
+    };
 
     let check_rows = CHECK_REQUESTS.min(case.batch) * case.query_len;
-    let r = reference::decode_f64(dec.config(), &inputs, Some(check_rows))?;
-    let acc = r.accuracy(&out.o.to_f32(), &out.lse);
+    let r = reference::decode_f64(dec.config(), &problem.inputs()?, Some(check_rows))?;
+    let acc = r.accuracy(&timed.o, &timed.lse);
+    let (bytes, flops) = traffic(&problem, &timed.plan);
+    Ok(Measured {
+        case: case.clone(),
+        backend: dec.backend_name(),
+        device: dec.device().to_string(),
+        num_kv_splits: timed.plan.num_kv_splits,
+        iters,
+        us: timed.secs * 1e6,
+        tbps: bytes / timed.secs / 1e12,
+        tflops: flops / timed.secs / 1e12,
+        err_o: acc.o_rel,
+        err_lse: acc.lse_abs,
+    })
+}
 
+/// Median wall time of `iters` CPU decodes after one checked run.
+fn time_cpu(dec: &mut MlaDecode, problem: &Problem, iters: usize) -> mla::Result<Timed> {
+    let inputs = problem.inputs()?;
+    let mut out = Outputs::poisoned(problem);
+    let plan = dec.forward(&inputs, &mut out.views()?)?;
+    let (o, lse) = (out.o.to_f32(), out.lse.clone());
     let mut times = Vec::with_capacity(iters);
     for _ in 0..iters {
         let t = Instant::now();
@@ -226,20 +258,11 @@ fn measure(case: &Case, backend: BackendArg, iters: usize, seed: u64) -> mla::Re
         times.push(t.elapsed().as_secs_f64());
     }
     times.sort_by(f64::total_cmp);
-    let secs = times[times.len() / 2];
-
-    let (bytes, flops) = traffic(&problem, &plan);
-    Ok(Measured {
-        case: case.clone(),
-        backend: dec.backend_name(),
-        device: dec.device().to_string(),
-        num_kv_splits: plan.num_kv_splits,
-        iters,
-        us: secs * 1e6,
-        tbps: bytes / secs / 1e12,
-        tflops: flops / secs / 1e12,
-        err_o: acc.o_rel,
-        err_lse: acc.lse_abs,
+    Ok(Timed {
+        plan,
+        o,
+        lse,
+        secs: times[times.len() / 2],
     })
 }
 

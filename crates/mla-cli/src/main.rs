@@ -3,9 +3,13 @@
 //! - `mla bench`: time decodes on random DeepSeek-shaped problems, check them against the f64
 //!   reference, print a table (or JSON for scripts such as the side-by-side anchors benchmark).
 //! - `mla info`: the backends found, the device, and the split counts it would use.
+//! - `mla precompile`: build the GPU kernels ahead of time (and check them for spills).
 
 mod bench;
+#[cfg(feature = "cuda")]
+mod gpu_timing;
 mod info;
+mod precompile;
 
 use std::process::ExitCode;
 
@@ -28,6 +32,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Show the backends, the device and its split counts.
     Info(info::InfoArgs),
+    /// Build every GPU kernel variant ahead of time (into the disk cache).
+    Precompile(precompile::PrecompileArgs),
 }
 
 /// Which backend to run on.
@@ -56,6 +62,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Info(args) => info::run(&args),
+        Command::Precompile(args) => precompile::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

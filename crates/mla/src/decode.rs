@@ -8,7 +8,7 @@ use crate::config::{DeviceInfo, MlaConfig, ValidConfig};
 use crate::dtype::CacheDtype;
 use crate::error::{Error, Result};
 use crate::plan::{self, DecodePlan, WorkspaceManager};
-use crate::tensor::TensorRef;
+use crate::tensor::{Location, TensorRef};
 
 /// An MLA decoder: a validated configuration, a backend and its workspace.
 ///
@@ -60,6 +60,7 @@ impl MlaDecode {
     pub fn new(config: &MlaConfig, device: Device) -> Result<Self> {
         let (backend, info) = Backend::open(device)?;
         let config = config.validate(&info)?;
+        backend.check_config(&config)?;
         Ok(MlaDecode {
             config,
             device: info,
@@ -82,6 +83,41 @@ impl MlaDecode {
     /// The backend's name (`cpu`, `cuda`).
     pub fn backend_name(&self) -> &'static str {
         self.backend.name()
+    }
+
+    /// Where the decode's tensors must live.
+    pub fn location(&self) -> Location {
+        self.backend.location()
+    }
+
+    /// The CUDA stream decodes are launched on (None on the CPU). Put the decode's tensors in
+    /// memory ordered on it (allocate and copy on it, or make your streams wait for it).
+    #[cfg(feature = "cuda")]
+    pub fn cuda_stream(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaStream>> {
+        self.backend.cuda().map(|b| b.stream())
+    }
+
+    /// The CUDA backend itself (None on the CPU): its target, the kernels it built.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_backend(&self) -> Option<&crate::backend::cuda::CudaBackend> {
+        self.backend.cuda()
+    }
+
+    /// The CUDA backend, mutable (to load kernels ahead, as `mla precompile` does).
+    #[cfg(feature = "cuda")]
+    pub fn cuda_backend_mut(&mut self) -> Option<&mut crate::backend::cuda::CudaBackend> {
+        self.backend.cuda_mut()
+    }
+
+    /// Waits for the device, then reports what its kernels flagged since the last check:
+    /// negative lengths, lengths beyond the block table, block ids outside the cache. A GPU
+    /// decode never waits for the device itself, so such errors surface here (on the CPU they
+    /// are returned by `forward` before anything runs).
+    ///
+    /// # Errors
+    /// [`Error::DeviceCheck`] naming what was found.
+    pub fn check_device_errors(&mut self) -> Result<()> {
+        self.backend.check_errors()
     }
 
     /// The split count the seed's rule gives for a batch whose longest span is `max_kv_len`
@@ -146,8 +182,9 @@ impl MlaDecode {
     }
 
     /// Prepares every variant forward can pick for this cache (its dtype, page size and
-    /// strides) and returns the split counts covered. The CPU backend compiles nothing; it
-    /// checks the cache and reports the set.
+    /// strides) and returns the split counts covered: on the GPU it compiles (or reads from
+    /// the disk cache) and loads every kernel forward can launch, so that forward never
+    /// compiles; the CPU backend only checks the cache and reports the set.
     ///
     /// # Errors
     /// [`Error::CacheDtypeMismatch`], [`Error::Dtype`] and [`Error::Shape`] for a cache this
@@ -180,7 +217,10 @@ impl MlaDecode {
                 got: kv_cache.shape().to_vec(),
             });
         }
-        self.warmup_split_counts()
+        let counts = self.warmup_split_counts()?;
+        let max = counts.iter().copied().max().unwrap_or(1);
+        self.backend.warmup(&self.config, max)?;
+        Ok(counts)
     }
 
     /// Checks and plans a decode call without running it.

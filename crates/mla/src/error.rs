@@ -298,6 +298,52 @@ pub enum Error {
     /// No usable CUDA device (no driver, no device, or the ordinal is out of range).
     #[error("no usable CUDA device: {0}")]
     NoCudaDevice(String),
+
+    /// A CUDA driver call failed.
+    #[cfg(feature = "cuda")]
+    #[error("CUDA driver call failed ({op}): {source}")]
+    Driver {
+        /// What was being done.
+        op: &'static str,
+        /// The driver's error.
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+
+    /// NVRTC could not compile a kernel; the log says why.
+    #[error("could not compile {kernel}:\n{log}")]
+    Compile {
+        /// The kernel and its options.
+        kernel: String,
+        /// NVRTC's log.
+        log: String,
+    },
+
+    /// The kernels found bad values in device-side inputs (reported by the next checked call,
+    /// since a decode on the GPU never waits for the device).
+    #[error("device-side check failed: {}", device_check_message(*bits))]
+    DeviceCheck {
+        /// `kernels/params.cuh`'s MLA_ERR_* bits.
+        bits: u32,
+    },
+}
+
+/// The DeviceCheck bits in words.
+fn device_check_message(bits: u32) -> String {
+    let mut parts = Vec::new();
+    if bits & 1 != 0 {
+        parts.push("a negative seq_len (read as 0)");
+    }
+    if bits & 2 != 0 {
+        parts.push("a seq_len beyond the block table's capacity (the keys past it were skipped)");
+    }
+    if bits & 4 != 0 {
+        parts.push("a block id outside the kv cache (its page was skipped, never read)");
+    }
+    if parts.is_empty() {
+        return format!("unknown flags {bits:#x}");
+    }
+    parts.join("; ")
 }
 
 impl Error {
@@ -340,6 +386,16 @@ mod tests {
             s.contains("requires 3.00 MB, current size is 0.50 MB"),
             "{s}"
         );
+    }
+
+    #[test]
+    fn device_check_names_each_flag() {
+        let s = Error::DeviceCheck { bits: 5 }.to_string();
+        assert!(
+            s.contains("negative seq_len") && s.contains("block id outside"),
+            "{s}"
+        );
+        assert!(!s.contains("capacity"), "{s}");
     }
 
     #[test]

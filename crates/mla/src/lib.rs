@@ -51,7 +51,8 @@
 //!
 //! ## Crate features
 //!
-//! - `cuda` (planned): the CUDA backend. Without it, [`Device::Cuda`] is
+//! - `cuda` (default): the CUDA backend, through cudarc with run-time loading of libcuda and
+//!   libnvrtc, so it builds on machines without CUDA. Without it, [`Device::Cuda`] is
 //!   [`Error::CudaNotCompiled`] and [`Device::Auto`] picks the CPU.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -75,6 +76,10 @@ pub use dtype::{CacheDtype, DType, Element, KvFormat, ModelDtype};
 pub use error::{Capability, Error, Result};
 pub use plan::{DecodePlan, Mask};
 pub use tensor::{Location, TensorMut, TensorRef};
+
+/// The cudarc this crate is built on, so that callers use the very same types.
+#[cfg(feature = "cuda")]
+pub use cudarc;
 
 /// The README's example compiles and runs as a doctest.
 #[cfg(doctest)]

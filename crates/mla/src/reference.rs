@@ -137,27 +137,36 @@ pub fn decode_f64(
                 let src = kv.get(off..off + d * elem).ok_or_else(|| oob("a key"))?;
                 decoder.decode(src, key);
             }
-            let mut o = vec![0f64; h * l];
-            let mut lse = vec![f64::NEG_INFINITY; h];
-            for head in 0..h {
-                if n == 0 {
-                    continue;
-                }
-                let q = query(&inputs.q, row, head, l, r)?;
-                let scores: Vec<f64> = keys
-                    .chunks_exact(d)
-                    .map(|k| cfg.scale as f64 * dot(&q, k))
-                    .collect();
-                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-                let sum: f64 = w.iter().sum();
-                lse[head] = m + sum.ln();
-                let out = &mut o[head * l..(head + 1) * l];
-                for (k, wj) in keys.chunks_exact(d).zip(&w) {
-                    for (acc, &v) in out.iter_mut().zip(&k[..l]) {
-                        *acc += wj / sum * v as f64;
+            // Heads in parallel too: a long row alone keeps every core busy.
+            let heads: Vec<Result<(Vec<f64>, f64)>> = (0..h)
+                .into_par_iter()
+                .map(|head| {
+                    let mut out = vec![0f64; l];
+                    if n == 0 {
+                        return Ok((out, f64::NEG_INFINITY));
                     }
-                }
+                    let q = query(&inputs.q, row, head, l, r)?;
+                    let scores: Vec<f64> = keys
+                        .chunks_exact(d)
+                        .map(|k| cfg.scale as f64 * dot(&q, k))
+                        .collect();
+                    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                    let sum: f64 = w.iter().sum();
+                    for (k, wj) in keys.chunks_exact(d).zip(&w) {
+                        for (acc, &v) in out.iter_mut().zip(&k[..l]) {
+                            *acc += wj / sum * v as f64;
+                        }
+                    }
+                    Ok((out, m + sum.ln()))
+                })
+                .collect();
+            let mut o = Vec::with_capacity(h * l);
+            let mut lse = Vec::with_capacity(h);
+            for res in heads {
+                let (out, head_lse) = res?;
+                o.extend(out);
+                lse.push(head_lse);
             }
             Ok((o, lse))
         })

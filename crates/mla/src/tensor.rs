@@ -32,6 +32,23 @@ impl fmt::Display for Location {
 #[derive(Debug, Clone, Copy)]
 enum Data<'a> {
     Host(&'a [u8]),
+    /// A device address; the lifetime ties the view to whatever owns the memory.
+    Device {
+        ptr: u64,
+        ordinal: usize,
+        _owner: std::marker::PhantomData<&'a [u8]>,
+    },
+}
+
+/// Data a writable view points to.
+#[derive(Debug)]
+enum DataMut<'a> {
+    Host(&'a mut [u8]),
+    Device {
+        ptr: u64,
+        ordinal: usize,
+        _owner: std::marker::PhantomData<&'a mut [u8]>,
+    },
 }
 
 /// A read-only view of a caller's tensor.
@@ -46,7 +63,7 @@ pub struct TensorRef<'a, const N: usize> {
 /// A writable view of a caller's tensor.
 #[derive(Debug)]
 pub struct TensorMut<'a, const N: usize> {
-    data: &'a mut [u8],
+    data: DataMut<'a>,
     dtype: DType,
     shape: [usize; N],
     strides: [usize; N],
@@ -156,12 +173,86 @@ impl<'a, const N: usize> TensorRef<'a, N> {
         Ok(self)
     }
 
+    /// Another view of the same memory: `shape` and `strides` from element `offset` of this
+    /// view's memory (a view of q's rotary part inside a packed q, one request's rows, ...).
+    ///
+    /// # Errors
+    /// [`Error::Memory`] if the new view reaches past this view's span.
+    pub fn sub_view<const M: usize>(
+        &self,
+        offset: usize,
+        shape: [usize; M],
+        strides: [usize; M],
+    ) -> Result<TensorRef<'a, M>> {
+        let have = span(self.shape, self.strides).unwrap_or(0);
+        let need = span(shape, strides).and_then(|n| n.checked_add(offset));
+        if need.is_none_or(|n| n > have) {
+            return Err(Error::memory(
+                "sub_view",
+                format!(
+                    "{shape:?} with strides {strides:?} from element {offset} exceeds the view's {have} elements"
+                ),
+            ));
+        }
+        let size = self.dtype.size();
+        let data = match self.data {
+            Data::Host(b) => Data::Host(&b[offset * size..]),
+            Data::Device {
+                ptr,
+                ordinal,
+                _owner,
+            } => Data::Device {
+                ptr: ptr + (offset * size) as u64,
+                ordinal,
+                _owner,
+            },
+        };
+        Ok(TensorRef {
+            data,
+            dtype: self.dtype,
+            shape,
+            strides,
+        })
+    }
+
     layout_accessors!();
+
+    /// A view of device memory.
+    ///
+    /// # Safety
+    /// `ptr` must be the address, on CUDA device `ordinal`, of memory that holds every element
+    /// of the view (`span * dtype.size()` bytes from `ptr`), and that memory must stay valid and
+    /// unwritten by anyone else until the decode reading it has completed on the decoder's
+    /// stream (order other streams against it yourself).
+    ///
+    /// # Errors
+    /// [`Error::Memory`] if the view's span overflows.
+    #[allow(unsafe_code)]
+    pub unsafe fn from_device_ptr(
+        ptr: u64,
+        ordinal: usize,
+        dtype: DType,
+        shape: [usize; N],
+        strides: [usize; N],
+    ) -> Result<Self> {
+        check_fits(usize::MAX, shape, strides).map_err(|r| Error::memory("tensor", r))?;
+        Ok(TensorRef {
+            data: Data::Device {
+                ptr,
+                ordinal,
+                _owner: std::marker::PhantomData,
+            },
+            dtype,
+            shape,
+            strides,
+        })
+    }
 
     /// Where the data is.
     pub fn location(&self) -> Location {
         match self.data {
             Data::Host(_) => Location::Host,
+            Data::Device { ordinal, .. } => Location::Cuda(ordinal),
         }
     }
 
@@ -169,6 +260,15 @@ impl<'a, const N: usize> TensorRef<'a, N> {
     pub fn host_bytes(&self) -> Option<&'a [u8]> {
         match self.data {
             Data::Host(b) => Some(b),
+            Data::Device { .. } => None,
+        }
+    }
+
+    /// The device address of the first element; None for host memory.
+    pub fn device_ptr(&self) -> Option<u64> {
+        match self.data {
+            Data::Host(_) => None,
+            Data::Device { ptr, .. } => Some(ptr),
         }
     }
 
@@ -195,7 +295,7 @@ impl<'a, const N: usize> TensorMut<'a, N> {
     ) -> Result<Self> {
         check_fits(data.len(), shape, strides).map_err(|r| Error::memory("tensor", r))?;
         Ok(TensorMut {
-            data: bytemuck::cast_slice_mut(data),
+            data: DataMut::Host(bytemuck::cast_slice_mut(data)),
             dtype: T::DTYPE,
             shape,
             strides,
@@ -212,17 +312,121 @@ impl<'a, const N: usize> TensorMut<'a, N> {
 
     layout_accessors!();
 
-    /// Where the data is.
-    pub fn location(&self) -> Location {
-        Location::Host
+    /// A writable view of device memory.
+    ///
+    /// # Safety
+    /// As [`TensorRef::from_device_ptr`], and no one else may read or write that memory
+    /// until the decode writing it has completed on the decoder's stream.
+    ///
+    /// # Errors
+    /// [`Error::Memory`] if the view's span overflows.
+    #[allow(unsafe_code)]
+    pub unsafe fn from_device_ptr(
+        ptr: u64,
+        ordinal: usize,
+        dtype: DType,
+        shape: [usize; N],
+        strides: [usize; N],
+    ) -> Result<Self> {
+        check_fits(usize::MAX, shape, strides).map_err(|r| Error::memory("tensor", r))?;
+        Ok(TensorMut {
+            data: DataMut::Device {
+                ptr,
+                ordinal,
+                _owner: std::marker::PhantomData,
+            },
+            dtype,
+            shape,
+            strides,
+        })
     }
 
-    /// The host data as `T`; None for another dtype.
-    pub fn host_slice_mut<T: Element>(&mut self) -> Option<&mut [T]> {
-        if T::DTYPE != self.dtype {
-            return None;
+    /// Where the data is.
+    pub fn location(&self) -> Location {
+        match self.data {
+            DataMut::Host(_) => Location::Host,
+            DataMut::Device { ordinal, .. } => Location::Cuda(ordinal),
         }
-        bytemuck::try_cast_slice_mut(&mut *self.data).ok()
+    }
+
+    /// The host data as `T`; None for device memory or another dtype.
+    pub fn host_slice_mut<T: Element>(&mut self) -> Option<&mut [T]> {
+        match &mut self.data {
+            DataMut::Host(b) if T::DTYPE == self.dtype => bytemuck::try_cast_slice_mut(b).ok(),
+            _ => None,
+        }
+    }
+
+    /// The device address of the first element; None for host memory.
+    pub fn device_ptr(&self) -> Option<u64> {
+        match self.data {
+            DataMut::Host(_) => None,
+            DataMut::Device { ptr, .. } => Some(ptr),
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda_views {
+    use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr};
+
+    use super::*;
+
+    impl<'a, const N: usize> TensorRef<'a, N> {
+        /// A view of a cudarc device slice or view (`CudaSlice`, `CudaView`), borrowed for as
+        /// long as the view lives.
+        ///
+        /// # Errors
+        /// [`Error::Memory`] if the view reaches past the end of the slice.
+        pub fn from_cuda<T, S>(slice: &'a S, shape: [usize; N], strides: [usize; N]) -> Result<Self>
+        where
+            T: Element + DeviceRepr,
+            S: DevicePtr<T>,
+        {
+            check_fits(slice.len(), shape, strides).map_err(|r| Error::memory("tensor", r))?;
+            let stream = slice.stream();
+            let (ptr, _record) = slice.device_ptr(stream);
+            Ok(TensorRef {
+                data: Data::Device {
+                    ptr,
+                    ordinal: stream.context().ordinal(),
+                    _owner: std::marker::PhantomData,
+                },
+                dtype: T::DTYPE,
+                shape,
+                strides,
+            })
+        }
+    }
+
+    impl<'a, const N: usize> TensorMut<'a, N> {
+        /// A writable view of a cudarc device slice (`CudaSlice`, `CudaViewMut`).
+        ///
+        /// # Errors
+        /// [`Error::Memory`] if the view reaches past the end of the slice.
+        pub fn from_cuda<T, S>(
+            slice: &'a mut S,
+            shape: [usize; N],
+            strides: [usize; N],
+        ) -> Result<Self>
+        where
+            T: Element + DeviceRepr,
+            S: DevicePtrMut<T>,
+        {
+            check_fits(slice.len(), shape, strides).map_err(|r| Error::memory("tensor", r))?;
+            let stream = slice.stream().clone();
+            let (ptr, _record) = slice.device_ptr_mut(&stream);
+            Ok(TensorMut {
+                data: DataMut::Device {
+                    ptr,
+                    ordinal: stream.context().ordinal(),
+                    _owner: std::marker::PhantomData,
+                },
+                dtype: T::DTYPE,
+                shape,
+                strides,
+            })
+        }
     }
 }
 
@@ -247,6 +451,20 @@ mod tests {
         assert!(TensorRef::from_host(&v[..0], [0, 3, 4], [12, 4, 1]).is_ok());
         let e = TensorRef::from_host(&v, [2, 3, 4], [usize::MAX, 4, 1]).unwrap_err();
         assert!(e.to_string().contains("overflows"), "{e}");
+    }
+
+    #[test]
+    fn sub_views_stay_inside_their_parent() {
+        let v: Vec<bf16> = (0..24).map(|i| bf16::from_f32(i as f32)).collect();
+        let t = TensorRef::contiguous(&v, [2, 3, 4]).unwrap();
+        let tail = t.sub_view(2, [2, 3, 2], [12, 4, 1]).unwrap();
+        assert_eq!(tail.host_slice::<bf16>().unwrap()[0].to_f32(), 2.0);
+        assert!(
+            t.sub_view(3, [2, 3, 2], [12, 4, 1]).is_err(),
+            "one past the end"
+        );
+        assert!(t.sub_view(0, [25], [1]).is_err());
+        assert!(t.sub_view(0, [24], [1]).is_ok());
     }
 
     #[test]

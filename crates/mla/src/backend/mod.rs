@@ -1,15 +1,23 @@
 //! Backends: where a planned decode runs. Each backend owns its workspace memory and executes
 //! plans; none of them decides anything the plan already decided.
 //!
+//! - [`cpu`]: the reference, parallel with rayon.
+//! - `cuda` (feature `cuda`): NVRTC-compiled kernels on an NVIDIA GPU.
+//!
 //! Without the `cuda` feature the same names exist and asking for a GPU is an error
 //! ([`crate::Error::CudaNotCompiled`]), so the public API does not change shape with features.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use std::fmt;
 
-use crate::config::DeviceInfo;
-use crate::error::{Error, Result};
+use crate::args::{DecodeInputs, DecodeOutputs};
+use crate::config::{DeviceInfo, ValidConfig};
+use crate::error::Result;
+use crate::plan::DecodePlan;
+use crate::tensor::Location;
 
 /// Which device a decoder runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -18,7 +26,7 @@ pub enum Device {
     Cpu,
     /// CUDA device `ordinal`.
     Cuda(usize),
-    /// The first GPU when one is usable, else the CPU.
+    /// CUDA device 0 when it is usable, else the CPU.
     #[default]
     Auto,
 }
@@ -37,46 +45,120 @@ impl fmt::Display for Device {
 #[derive(Debug)]
 pub(crate) enum Backend {
     Cpu(cpu::CpuBackend),
+    #[cfg(feature = "cuda")]
+    Cuda(Box<cuda::CudaBackend>),
 }
 
 impl Backend {
     /// Opens the backend for a device, with what the configuration is validated against.
     pub(crate) fn open(device: Device) -> Result<(Backend, DeviceInfo)> {
-        match device {
-            Device::Cpu | Device::Auto => Ok((
+        let cpu = || {
+            (
                 Backend::Cpu(cpu::CpuBackend::new()),
                 cpu::CpuBackend::device_info(),
-            )),
-            Device::Cuda(_) => Err(Error::CudaNotCompiled),
+            )
+        };
+        match device {
+            Device::Cpu => Ok(cpu()),
+            Device::Cuda(ordinal) => Self::open_cuda(ordinal),
+            Device::Auto => Ok(Self::open_cuda(0).unwrap_or_else(|_| cpu())),
         }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn open_cuda(ordinal: usize) -> Result<(Backend, DeviceInfo)> {
+        let (b, info) = cuda::CudaBackend::open(ordinal)?;
+        Ok((Backend::Cuda(Box::new(b)), info))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn open_cuda(_ordinal: usize) -> Result<(Backend, DeviceInfo)> {
+        Err(crate::error::Error::CudaNotCompiled)
     }
 
     pub(crate) fn name(&self) -> &'static str {
         match self {
             Backend::Cpu(_) => "cpu",
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => "cuda",
         }
     }
 
-    pub(crate) fn location(&self) -> crate::tensor::Location {
+    pub(crate) fn location(&self) -> Location {
         match self {
-            Backend::Cpu(_) => crate::tensor::Location::Host,
+            Backend::Cpu(_) => Location::Host,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(b) => Location::Cuda(b.ordinal()),
+        }
+    }
+
+    /// Backend-specific limits on the configuration (the CUDA kernels' shapes).
+    pub(crate) fn check_config(&self, cfg: &ValidConfig) -> Result<()> {
+        match self {
+            Backend::Cpu(_) => {
+                let _ = cfg;
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(b) => b.check_config(cfg),
+        }
+    }
+
+    /// Prepares every kernel a decode with this configuration can pick.
+    pub(crate) fn warmup(&mut self, cfg: &ValidConfig, max_splits: usize) -> Result<()> {
+        match self {
+            Backend::Cpu(_) => {
+                let _ = (cfg, max_splits);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(b) => b.warmup(cfg, max_splits).map(|_| ()),
         }
     }
 
     pub(crate) fn resize_workspace(&mut self, bytes: usize) -> Result<()> {
         match self {
             Backend::Cpu(b) => b.resize_workspace(bytes),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(b) => b.resize_workspace(bytes),
         }
     }
 
     pub(crate) fn forward(
         &mut self,
-        plan: &crate::plan::DecodePlan,
-        inputs: &crate::args::DecodeInputs<'_>,
-        outputs: &mut crate::args::DecodeOutputs<'_>,
+        plan: &DecodePlan,
+        inputs: &DecodeInputs<'_>,
+        outputs: &mut DecodeOutputs<'_>,
     ) -> Result<()> {
         match self {
             Backend::Cpu(b) => b.forward(plan, inputs, outputs),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(b) => b.forward(plan, inputs, outputs),
+        }
+    }
+
+    /// Waits for the device and reports errors its kernels flagged (the CPU checks up front).
+    pub(crate) fn check_errors(&mut self) -> Result<()> {
+        match self {
+            Backend::Cpu(_) => Ok(()),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(b) => b.check_errors(),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda(&self) -> Option<&cuda::CudaBackend> {
+        match self {
+            Backend::Cuda(b) => Some(b),
+            Backend::Cpu(_) => None,
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda_mut(&mut self) -> Option<&mut cuda::CudaBackend> {
+        match self {
+            Backend::Cuda(b) => Some(b),
+            Backend::Cpu(_) => None,
         }
     }
 }

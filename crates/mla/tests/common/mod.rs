@@ -2,6 +2,9 @@
 //! against the f64 reference with the contract's tolerances.
 #![allow(dead_code)]
 
+#[cfg(feature = "cuda")]
+pub mod gpu;
+
 use mla::reference::{self, Accuracy};
 use mla::synth::{Outputs, Problem, ProblemSpec};
 use mla::{Device, KvFormat, Mask, MlaConfig, MlaDecode, ModelDtype};

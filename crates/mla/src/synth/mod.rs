@@ -1,6 +1,9 @@
 //! Random decode problems, seeded and reproducible: what `mla bench` times and what the tests
-//! check. The data follows the contract's accuracy setting: q ~ N(0, 1), cache values
+//! check (`device`, with the `cuda` feature: the same problems on a GPU). The data follows the contract's accuracy setting: q ~ N(0, 1), cache values
 //! ~ N(0, 0.5^2) (fp8 caches store value / k_scale), pages handed out in a random order.
+
+#[cfg(feature = "cuda")]
+pub mod device;
 
 use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
@@ -8,6 +11,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
+use rayon::prelude::*;
 
 use crate::args::{DecodeInputs, DecodeOutputs, Query};
 use crate::dtype::{DType, KvFormat, ModelDtype};
@@ -82,6 +86,35 @@ impl ProblemSpec {
             })
             .collect()
     }
+}
+
+/// `n` draws of N(0, sigma^2) converted by `f`, generated in parallel chunks, each chunk from
+/// its own seed: the same values whatever the thread count (gigabyte caches in about a second).
+fn normals<T: Send>(
+    n: usize,
+    sigma: f32,
+    seed: u64,
+    stream: u64,
+    f: impl Fn(f32) -> T + Sync,
+) -> Vec<T> {
+    const CHUNK: usize = 1 << 16;
+    let chunks: Vec<Vec<T>> = (0..n.div_ceil(CHUNK))
+        .into_par_iter()
+        .map(|c| {
+            let key = seed
+                ^ stream.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                ^ (c as u64).wrapping_mul(0xd1b5_4a32_d192_ed03);
+            let mut rng = StdRng::seed_from_u64(key);
+            let len = CHUNK.min(n - c * CHUNK);
+            (0..len)
+                .map(|_| {
+                    let x: f32 = StandardNormal.sample(&mut rng);
+                    f(x * sigma)
+                })
+                .collect()
+        })
+        .collect();
+    chunks.into_iter().flatten().collect()
 }
 
 /// Host storage in the model dtype (q, o), or of a 16-bit cache.
@@ -224,24 +257,37 @@ impl Problem {
         let kv_len = num_blocks.checked_mul(page_stride).ok_or_else(overflow)?;
         rows.checked_mul(spec.heads * d).ok_or_else(overflow)?;
 
-        let mut normal = |sigma: f32| -> f32 {
-            let x: f32 = StandardNormal.sample(&mut rng);
-            x * sigma
+        let q_len = rows * spec.heads * d;
+        let q = match spec.model_dtype {
+            ModelDtype::Bf16 => HalfBuf::Bf16(normals(q_len, 1.0, spec.seed, 1, bf16::from_f32)),
+            ModelDtype::F16 => HalfBuf::F16(normals(q_len, 1.0, spec.seed, 1, f16::from_f32)),
         };
-        let q = HalfBuf::new(
-            spec.model_dtype,
-            (0..rows * spec.heads * d).map(|_| normal(1.0)),
-        );
-        let values = (0..kv_len).map(|_| normal(0.5) / spec.k_scale);
+        let sigma = 0.5 / spec.k_scale;
         let kv = match spec.kv_format {
-            KvFormat::Bf16 => CacheBuf::Half(HalfBuf::new(ModelDtype::Bf16, values)),
-            KvFormat::F16 => CacheBuf::Half(HalfBuf::new(ModelDtype::F16, values)),
+            KvFormat::Bf16 => CacheBuf::Half(HalfBuf::Bf16(normals(
+                kv_len,
+                sigma,
+                spec.seed,
+                2,
+                bf16::from_f32,
+            ))),
+            KvFormat::F16 => CacheBuf::Half(HalfBuf::F16(normals(
+                kv_len,
+                sigma,
+                spec.seed,
+                2,
+                f16::from_f32,
+            ))),
             KvFormat::Fp8E4m3 => CacheBuf::Fp8(
-                values.map(|x| F8E4M3::from_f32(x).to_bits()).collect(),
+                normals(kv_len, sigma, spec.seed, 2, |x| {
+                    F8E4M3::from_f32(x).to_bits()
+                }),
                 DType::F8E4M3,
             ),
             KvFormat::Fp8E5m2 => CacheBuf::Fp8(
-                values.map(|x| F8E5M2::from_f32(x).to_bits()).collect(),
+                normals(kv_len, sigma, spec.seed, 2, |x| {
+                    F8E5M2::from_f32(x).to_bits()
+                }),
                 DType::F8E5M2,
             ),
         };

@@ -1,0 +1,88 @@
+//! `mla precompile`: build every kernel variant ahead of time, into the disk cache.
+//!
+//! On a GPU machine it compiles (or finds in the cache) and loads every variant the device
+//! can use, so the first decode of any process starts warm. With `--arch` it needs no GPU,
+//! only libnvrtc: it compiles for the named architectures and reports registers and spills;
+//! `--deny-spills` fails on any spill (what CI runs).
+
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct PrecompileArgs {
+    /// Architectures to compile for without a device, e.g. sm_80,sm_89,sm_90a.
+    #[arg(long, value_delimiter = ',')]
+    arch: Vec<String>,
+    /// Fail when a kernel spills registers to local memory (compiles afresh to see the report).
+    #[arg(long)]
+    deny_spills: bool,
+}
+
+#[cfg(feature = "cuda")]
+pub fn run(args: &PrecompileArgs) -> mla::Result<()> {
+    use mla::backend::cuda::compile::{self, Built, Target};
+    use mla::backend::cuda::registry;
+
+    let mut builds: Vec<(String, Built)> = Vec::new();
+    if args.arch.is_empty() {
+        let mut dec = mla::MlaDecode::new(&mla::MlaConfig::new(16, 0.1), mla::Device::Cuda(0))?;
+        let Some(cuda) = dec.cuda_backend_mut() else {
+            return Err(mla::Error::NoCudaDevice("no CUDA backend".into()));
+        };
+        let arch = cuda.target().arch.clone();
+        for b in cuda.precompile_all()? {
+            builds.push((arch.clone(), b.clone()));
+        }
+    } else {
+        for name in &args.arch {
+            let (major, minor) =
+                Target::parse_arch(name).ok_or_else(|| mla::Error::InvalidConfig {
+                    field: "arch",
+                    reason: format!("expected a name like sm_90a, got {name:?}"),
+                })?;
+            let target = Target::new(major, minor)?;
+            for v in registry::all_variants(registry::smem_limit_of_arch(major, minor)) {
+                let b = compile::build(&v, &target, !args.deny_spills)?;
+                builds.push((target.arch.clone(), b));
+            }
+        }
+    }
+
+    println!(
+        "{:<8} {:<20} {:<54} {:>5} {:>6} {:>8} {:>9}",
+        "arch", "kernel", "defines", "regs", "spills", "source", "ms"
+    );
+    let mut spilled = 0;
+    for (arch, b) in &builds {
+        let (regs, spills) = match b.usage {
+            Some(u) => (
+                u.registers.to_string(),
+                (u.spill_stores + u.spill_loads).to_string(),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        spilled += b.usage.is_some_and(|u| u.spills()) as usize;
+        println!(
+            "{:<8} {:<20} {:<54} {:>5} {:>6} {:>8} {:>9.1}",
+            arch,
+            b.variant.family.entry(),
+            b.variant.defines().join(" "),
+            regs,
+            spills,
+            if b.from_disk { "cache" } else { "nvrtc" },
+            b.millis
+        );
+    }
+    println!("{} kernels built, {} with spills", builds.len(), spilled);
+    if args.deny_spills && spilled > 0 {
+        return Err(mla::Error::Compile {
+            kernel: format!("{spilled} variants"),
+            log: "register spills (see the table above)".into(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn run(_args: &PrecompileArgs) -> mla::Result<()> {
+    Err(mla::Error::CudaNotCompiled)
+}

@@ -1,0 +1,69 @@
+/**
+ * @file combine/kernel.cu
+ * @brief Stage 2 of the split-KV decode: merges each row's splits in ascending order into o
+ * (model dtype) and lse (f32, natural log), skipping the splits that hold no key.
+ *
+ * Grid: x = query row, y = head / 4. Block: 4 warps, one head each; lane i owns output
+ * columns 4 * (i + 32 * j) .. + 4. The merge is vLLM's: for each non-empty split s,
+ * m' = max(m, lse_s); acc = acc * e^(m - m') + e^(lse_s - m') * o_s; sum likewise. A row with
+ * no key at all gets o = 0 and lse = -inf.
+ *
+ * Compile-time configuration: MLA_L (a multiple of 128), MLA_BF16.
+ */
+#include "common/ptx.cuh"
+#include "common/rows.cuh"
+#include "params.cuh"
+
+namespace {
+constexpr int L = MLA_L;
+constexpr bool BF16 = MLA_BF16 != 0;
+constexpr int PER_LANE = L / 128;  // float4 groups per lane
+constexpr float LOG2E = 1.44269504088896340736f;
+constexpr float LN2 = 0.69314718055994530942f;
+static_assert(L % 128 == 0, "L must be a multiple of 128");
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(128) mla_decode_combine(const DecodeParams p) {
+    const int lane = threadIdx.x % 32;
+    const int row = blockIdx.x;
+    const int head = blockIdx.y * 4 + threadIdx.x / 32;
+    if (head >= p.heads) return;
+    const int splits = p.num_kv_splits;
+    const KeyRange keys = row_keys(p, row, false);  // stage 1 already raised any error
+
+    f32x4 acc[PER_LANE];
+#pragma unroll
+    for (int j = 0; j < PER_LANE; ++j) acc[j] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float m = bits_to_float(0xff800000u), sum = 0.0f;  // m in base 2
+    for (int s = 0; s < splits; ++s) {
+        const KeyRange k = split_keys(keys, s, splits);
+        if (k.start >= k.end) continue;
+        const i64 at = ((i64)row * splits + s) * p.heads + head;
+        const float lse_s = p.part_lse[at] * LOG2E;
+        const float m_new = fmaxf(m, lse_s);
+        const float old = exp2_approx(m - m_new);
+        const float w = exp2_approx(lse_s - m_new);
+        const f32x4* part = (const f32x4*)(p.part_o + at * L);
+#pragma unroll
+        for (int j = 0; j < PER_LANE; ++j) {
+            const f32x4 x = part[lane + 32 * j];
+            acc[j].x = acc[j].x * old + w * x.x;
+            acc[j].y = acc[j].y * old + w * x.y;
+            acc[j].z = acc[j].z * old + w * x.z;
+            acc[j].w = acc[j].w * old + w * x.w;
+        }
+        sum = sum * old + w;
+        m = m_new;
+    }
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    u16* out = (u16*)p.o + row * p.o_row + head * p.o_head;
+#pragma unroll
+    for (int j = 0; j < PER_LANE; ++j) {
+        const int col = 4 * (lane + 32 * j);
+        *(u32*)(out + col) = pack2<BF16>(acc[j].x * inv, acc[j].y * inv);
+        *(u32*)(out + col + 2) = pack2<BF16>(acc[j].z * inv, acc[j].w * inv);
+    }
+    if (lane == 0) {
+        p.lse[row * p.lse_row + head] = sum > 0.0f ? (m + log2_approx(sum)) * LN2 : bits_to_float(0xff800000u);
+    }
+}

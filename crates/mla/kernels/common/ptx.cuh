@@ -1,0 +1,139 @@
+/**
+ * @file ptx.cuh
+ * @brief The PTX the decode kernels use, wrapped as small functions named for what they do:
+ * 16-bit float packing, shared-memory addresses, cp.async, ldmatrix, mma.sync, exp2/log2.
+ *
+ * No CUDA header is included: NVRTC compiles these with nothing but this tree, so a machine
+ * needs only the driver and libnvrtc. bf16/f16 values travel as raw 16-bit patterns.
+ * MODEL_BF16 (1: bf16, 0: f16) picks the 16-bit type of q, P and o.
+ */
+#pragma once
+#include "params.cuh"
+
+struct __align__(16) u32x4 {
+    u32 x, y, z, w;
+};
+struct __align__(8) u32x2 {
+    u32 x, y;
+};
+struct __align__(8) f32x2 {
+    float x, y;
+};
+struct __align__(16) f32x4 {
+    float x, y, z, w;
+};
+
+__device__ __forceinline__ float bits_to_float(u32 b) {
+    float f;
+    asm("mov.b32 %0, %1;" : "=f"(f) : "r"(b));
+    return f;
+}
+
+/// A bf16 bit pattern as f32 (exact).
+__device__ __forceinline__ float bf16_to_float(u32 h) {
+    return bits_to_float(h << 16);
+}
+
+/// An f16 bit pattern as f32 (exact, subnormals included).
+__device__ __forceinline__ float f16_to_float(u32 h) {
+    float f;
+    u16 s = (u16)h;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(s));
+    return f;
+}
+
+/// Two f32 rounded to nearest even into the model's 16-bit type: `lo` in the low half.
+template <bool BF16>
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+    u32 r;
+    if (BF16) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    }
+    return r;
+}
+
+/// A 16-bit pattern of the model's type as f32.
+template <bool BF16>
+__device__ __forceinline__ float half_to_float(u32 h) {
+    return BF16 ? bf16_to_float(h) : f16_to_float(h);
+}
+
+/// 2^x (approximate; 2^-inf = 0), and log2(x).
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float log2_approx(float x) {
+    float y;
+    asm("lg2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+/// 16 bytes global -> shared, asynchronously; with `valid` false, 16 zero bytes and no read.
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+
+/// Four 8x8 b16 matrices from shared memory (lane i addresses row i % 8 of matrix i / 8).
+__device__ __forceinline__ void ldmatrix_x4(u32 r[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+/// The same, each matrix transposed.
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 r[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+/// Two 8x8 b16 matrices (lanes 0-15 address them).
+__device__ __forceinline__ void ldmatrix_x2(u32 r[2], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(addr));
+}
+
+/// c[16x8] += a[16x16] * b[16x8], f32 accumulate
+/// (fragments: https://docs.nvidia.com/cuda/parallel-thread-execution/#warp-level-matrix-fragment-mma-16816-float).
+template <bool BF16>
+__device__ __forceinline__ void mma_16816(float c[4], const u32 a[4], u32 b0, u32 b1) {
+    if (BF16) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+/// Max and sum over the four lanes of a quad (the lanes that share an mma row).
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}

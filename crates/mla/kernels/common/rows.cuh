@@ -1,0 +1,41 @@
+/**
+ * @file rows.cuh
+ * @brief Which keys a query row sees and which of them a split covers: the contract of
+ * docs/contract.md ("Which keys a row sees", "Split-KV"), computed per row on the device so
+ * that a captured graph stays right when seq_lens change between replays.
+ */
+#pragma once
+#include "params.cuh"
+
+struct KeyRange {
+    int start, end;  // [start, end)
+};
+
+__device__ __forceinline__ void raise_error(const DecodeParams& p, u32 bits) {
+    atomicOr(p.error_flag, bits);
+}
+
+/// Keys of query row `row`: request row / Q, token row % Q. With `check`, a negative length
+/// and a length beyond the block table raise their error bits.
+__device__ __forceinline__ KeyRange row_keys(const DecodeParams& p, int row, bool check) {
+    const int request = row / p.query_len;
+    const int token = row - request * p.query_len;
+    int len = p.seq_lens[request];
+    if (len < 0) {
+        if (check) raise_error(p, MLA_ERR_NEGATIVE_LEN);
+        len = 0;
+    }
+    if (check && (long long)len > (long long)p.max_blocks * p.page_size) {
+        raise_error(p, MLA_ERR_BEYOND_TABLE);
+    }
+    const int end = p.causal ? max(0, len - (p.query_len - 1 - token)) : len;
+    const int start = p.window > 0 ? max(0, end - p.window) : 0;
+    return {start, end};
+}
+
+/// Split `s` of `splits`: per = ceil(len / splits), keys [start + s * per, ...) clipped.
+__device__ __forceinline__ KeyRange split_keys(KeyRange k, int s, int splits) {
+    const int per = (k.end - k.start + splits - 1) / splits;
+    const int start = min(k.start + s * per, k.end);
+    return {start, min(start + per, k.end)};
+}

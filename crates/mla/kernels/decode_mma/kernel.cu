@@ -1,0 +1,336 @@
+/**
+ * @file decode_mma/kernel.cu
+ * @brief Stage 1 of the split-KV decode on tensor cores with mma.sync (sm_80 and up): one CTA
+ * attends ROWS heads of one query row to the keys of one split.
+ *
+ * Grid: x = row * head_blocks + head_block (head blocks of a row side by side, so the CTAs
+ * that read the same keys run together and share them in L2), y = split.
+ * Block: 4 * MW warps. Warp (rg, wc): row group rg (16 heads), quarter wc. In the score
+ * phase a warp owns BN / 4 keys of the tile; in the value phase it owns L / 4 output columns.
+ * The schedule, numbered as in NOTES.md:
+ *   1. q of the CTA's heads -> shared memory, once (cp.async);
+ *   2. tile t + 1 of keys -> shared memory (cp.async) while tile t is computed;
+ *   3. (caches not in the model dtype) staged tile -> model-dtype tile (fp8 into a tile of
+ *      its own, the other 16-bit type in place);
+ *   4. S = Q K^T for the warp's keys, scaled to base 2, masked past the split's end;
+ *   5. tile row max across the 4 warps of a row group (shared memory), running max m,
+ *      P = 2^(S - m) rounded to the model dtype -> shared memory, row sums of unrounded P;
+ *   6. O = O * 2^(m_old - m) + P V for the warp's columns (V = the tile's first L columns);
+ *   7. O / l and the LSE -> the split's workspace slot, or straight to o and lse when the
+ *      decode has a single split.
+ *
+ * Compile-time configuration (-D, chosen by the host plan):
+ *   MLA_L, MLA_R   latent and rotary widths (L % 64 == 0, R % 16 == 0)
+ *   MLA_BF16       1: the model dtype is bf16, 0: f16
+ *   MLA_KV         0: cache in the model dtype; 1: the other 16-bit type; 2: fp8 e4m3; 3: fp8 e5m2
+ *   MLA_MW         row groups per CTA: ROWS = 16 * MW heads
+ *   MLA_BN         keys per tile (a multiple of 32)
+ */
+#include "common/fp8.cuh"
+#include "common/ptx.cuh"
+#include "common/rows.cuh"
+#include "params.cuh"
+
+namespace {
+
+constexpr bool BF16 = MLA_BF16 != 0;
+constexpr int KV = MLA_KV;
+constexpr int L = MLA_L;
+constexpr int R = MLA_R;
+constexpr int D = L + R;
+constexpr int MW = MLA_MW;
+constexpr int ROWS = 16 * MW;
+constexpr int BN = MLA_BN;
+constexpr int NW = 4;                       // warps per row group
+constexpr int THREADS = 32 * NW * MW;
+constexpr int DP = D + 8;                   // padded shared row: 8 rows hit 8 distinct 16-byte bank groups
+constexpr int BNP = BN + 8;                 // padded P row, for the same reason
+constexpr int KEYS_W = BN / NW;             // keys per warp in the score phase
+constexpr int NT_S = KEYS_W / 8;            // score n-tiles per warp
+constexpr int COLS_W = L / NW;              // output columns per warp
+constexpr int NT_O = COLS_W / 8;            // output n-tiles per warp
+constexpr bool CONVERT = KV != 0;
+constexpr bool FP8 = KV >= 2;               // fp8 converts into a tile of its own; 16-bit in place
+constexpr int KV_ELEM = FP8 ? 1 : 2;        // bytes per cache element
+constexpr int CHUNKS = D * KV_ELEM / 16;    // 16-byte chunks per cache row
+constexpr int STAGE_ROW = FP8 ? D : DP * 2; // bytes per staged key row
+constexpr int STAGE_BYTES = BN * STAGE_ROW;
+constexpr int Q_BYTES = ROWS * DP * 2;
+constexpr int KT_BYTES = FP8 ? BN * DP * 2 : 0;             // the converted fp8 tile
+constexpr int P_BYTES = ROWS * BNP * 2;
+constexpr int RED_BYTES = MW * NW * 16 * 4;
+constexpr float LN2 = 0.69314718055994530942f;
+
+static_assert(L % 64 == 0 && R % 16 == 0, "L must be a multiple of 64 and R of 16");
+static_assert(BN % 32 == 0, "BN must be a multiple of 32");
+static_assert((D * KV_ELEM) % 16 == 0, "cache rows must be whole 16-byte chunks");
+
+struct Smem {
+    unsigned char* base;
+    __device__ u16* q() const { return (u16*)base; }
+    __device__ unsigned char* stage(int s) const { return base + Q_BYTES + s * STAGE_BYTES; }
+    __device__ u16* kt() const { return (u16*)(base + Q_BYTES + 2 * STAGE_BYTES); }
+    __device__ u16* p() const { return (u16*)(base + Q_BYTES + 2 * STAGE_BYTES + KT_BYTES); }
+    __device__ float* red() const {
+        return (float*)(base + Q_BYTES + 2 * STAGE_BYTES + KT_BYTES + P_BYTES);
+    }
+};
+
+}  // namespace
+
+/// Shared memory the kernel needs, read by the host through the symbol below.
+extern "C" __constant__ int mla_decode_smem_bytes = Q_BYTES + 2 * STAGE_BYTES + KT_BYTES + P_BYTES + RED_BYTES;
+
+namespace {
+
+/// Step 1: the CTA's q rows (heads head0 .. head0 + ROWS) into shared memory; missing heads are 0.
+__device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, int row, int head0) {
+    constexpr int QCH = D / 8;  // 16-byte chunks per q row
+    for (int c = threadIdx.x; c < ROWS * QCH; c += THREADS) {
+        const int r = c / QCH, k = c % QCH;
+        const int head = head0 + r;
+        const bool valid = head < p.heads;
+        const u16* src;
+        if (k < L / 8) {
+            src = (const u16*)p.q_nope + row * p.q_nope_row + head * p.q_nope_head + k * 8;
+        } else {
+            src = (const u16*)p.q_rope + row * p.q_rope_row + head * p.q_rope_head + (k - L / 8) * 8;
+        }
+        cp_async16(smem_addr(sm.q() + r * DP + k * 8), valid ? (const void*)src : p.q_nope, valid);
+    }
+}
+
+/// Step 2: keys [first, first + BN) of request `req` into stage `s`. A warp takes one key at a
+/// time and its lanes the key's 16-byte chunks. Keys at or past `end`, and keys whose page is
+/// outside the block table or the cache, are zero-filled and never read; the latter two raise
+/// the error flag.
+__device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, int req, int first, int end,
+                                          int s) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    unsigned char* stage = sm.stage(s);
+    for (int j = warp; j < BN; j += THREADS / 32) {
+        const int pos = first + j;
+        const unsigned char* src = (const unsigned char*)p.kv;
+        bool valid = false;
+        if (pos < end) {
+            const int page = pos / p.page_size;
+            if (page < p.max_blocks) {
+                const int block = p.block_table[req * p.block_table_stride + page];
+                if (block >= 0 && block < p.num_blocks) {
+                    const i64 elem = block * p.page_stride + (i64)(pos - page * p.page_size) * p.token_stride;
+                    src += elem * KV_ELEM;
+                    valid = true;
+                } else if (lane == 0) {
+                    raise_error(p, MLA_ERR_BAD_BLOCK);
+                }
+            }
+        }
+        for (int k = lane; k < CHUNKS; k += 32) {
+            cp_async16(smem_addr(stage + j * STAGE_ROW + k * 16), src + (valid ? k * 16 : 0), valid);
+        }
+    }
+}
+
+/// Step 3: a staged tile not in the model dtype into one that is: fp8 into the tile of its
+/// own, the other 16-bit type in place (each thread rewrites the 16 bytes it read). Returns
+/// the tile the products read.
+__device__ __forceinline__ const u16* convert_tile(const Smem& sm, int s, float k_scale) {
+    constexpr int GROUPS = D / 8;  // 8 elements per conversion
+    unsigned char* stage = sm.stage(s);
+    u16* kt = FP8 ? sm.kt() : (u16*)stage;
+    for (int c = threadIdx.x; c < BN * GROUPS; c += THREADS) {
+        const int j = c / GROUPS, g = c % GROUPS;
+        const unsigned char* src = stage + j * STAGE_ROW + g * 8 * KV_ELEM;
+        u32x4 raw;
+        if (FP8) {
+            const u32x2 lo = *(const u32x2*)src;
+            raw = {lo.x, lo.y, 0u, 0u};
+        } else {
+            raw = *(const u32x4*)src;
+        }
+        *(u32x4*)(kt + j * DP + g * 8) = convert8<KV, BF16>(raw, k_scale);
+    }
+    return kt;
+}
+
+/// Step 7 for a row whose keys are all outside this (single) split: o = 0, lse = -inf.
+__device__ void write_empty(const DecodeParams& p, int row, int head0) {
+    for (int c = threadIdx.x; c < ROWS * (L / 2); c += THREADS) {
+        const int r = c / (L / 2), col = 2 * (c % (L / 2));
+        const int head = head0 + r;
+        if (head >= p.heads) continue;
+        *(u32*)((u16*)p.o + row * p.o_row + head * p.o_head + col) = 0u;
+        if (col == 0) p.lse[row * p.lse_row + head] = bits_to_float(0xff800000u);
+    }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(THREADS) mla_decode_split(const DecodeParams p) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const Smem sm{smem_raw};
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int rg = warp / NW, wc = warp % NW;
+    const int g = lane / 4, c = lane % 4;  // mma fragment row and column group
+    const int head_blocks = (p.heads + ROWS - 1) / ROWS;
+    const int row = blockIdx.x / head_blocks;
+    const int head0 = (blockIdx.x % head_blocks) * ROWS;
+    const int splits = p.num_kv_splits;
+
+    const KeyRange keys = split_keys(row_keys(p, row, threadIdx.x == 0 && blockIdx.y == 0), blockIdx.y, splits);
+    if (keys.start >= keys.end) {
+        if (splits == 1) write_empty(p, row, head0);
+        return;  // an empty split writes nothing; stage 2 skips it
+    }
+    const int req = row / p.query_len;
+    const int tiles = (keys.end - keys.start + BN - 1) / BN;
+
+    load_q(p, sm, row, head0);
+    load_tile(p, sm, req, keys.start, keys.end, 0);
+    cp_async_commit();
+
+    float o[NT_O][4];
+#pragma unroll
+    for (int i = 0; i < NT_O; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m[2] = {bits_to_float(0xff800000u), bits_to_float(0xff800000u)};  // rows g, g + 8
+    float l[2] = {0.0f, 0.0f};  // this thread's share of the row sums
+
+    const u32 q_lane = smem_addr(sm.q() + (rg * 16 + lane % 16) * DP + (lane / 16) * 8);
+    const u32 p_lane = smem_addr(sm.p() + (rg * 16 + lane % 16) * BNP + (lane / 16) * 8);
+    float* red = sm.red() + (rg * NW) * 16;
+
+    for (int t = 0; t < tiles; ++t) {
+        const int first = keys.start + t * BN;
+        cp_async_wait_all();
+        __syncthreads();  // tile t landed; every warp is done with tile t - 1
+        if (t + 1 < tiles) load_tile(p, sm, req, first + BN, keys.end, (t + 1) & 1);
+        cp_async_commit();
+
+        const u16* kt = (const u16*)sm.stage(t & 1);
+        if (CONVERT) {
+            kt = convert_tile(sm, t & 1, p.k_scale);
+            __syncthreads();
+        }
+
+        // 4. S = Q K^T for keys wc * KEYS_W .. + KEYS_W of the tile.
+        float s[NT_S][4];
+#pragma unroll
+        for (int n = 0; n < NT_S; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        const u32 k_lane = smem_addr(kt + (wc * KEYS_W + lane % 8) * DP + ((lane / 8) % 2) * 8);
+#pragma unroll 4
+        for (int kk = 0; kk < D / 16; ++kk) {
+            u32 a[4];
+            ldmatrix_x4(a, q_lane + kk * 32);
+#pragma unroll
+            for (int n = 0; n < NT_S; ++n) {
+                u32 b[2];
+                ldmatrix_x2(b, k_lane + n * 8 * DP * 2 + kk * 32);
+                mma_16816<BF16>(s[n], a, b[0], b[1]);
+            }
+        }
+
+        // 5. scale to base 2, mask past the end, tile max across the row group's warps.
+        float mx[2] = {bits_to_float(0xff800000u), bits_to_float(0xff800000u)};
+#pragma unroll
+        for (int n = 0; n < NT_S; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int pos = first + wc * KEYS_W + n * 8 + 2 * c + (e & 1);
+                s[n][e] = pos < keys.end ? s[n][e] * p.scale_log2 : bits_to_float(0xff800000u);
+                mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+            }
+        }
+        mx[0] = quad_max(mx[0]);
+        mx[1] = quad_max(mx[1]);
+        if (c == 0) {
+            red[wc * 16 + g] = mx[0];
+            red[wc * 16 + g + 8] = mx[1];
+        }
+        __syncthreads();
+        float alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float tile_max = red[g + 8 * h];
+#pragma unroll
+            for (int w = 1; w < NW; ++w) tile_max = fmaxf(tile_max, red[w * 16 + g + 8 * h]);
+            const float m_new = fmaxf(m[h], tile_max);  // finite: every tile holds a valid key
+            alpha[h] = exp2_approx(m[h] - m_new);
+            m[h] = m_new;
+            l[h] *= alpha[h];
+        }
+        u16* prow = sm.p() + (rg * 16 + g) * BNP + wc * KEYS_W + 2 * c;
+#pragma unroll
+        for (int n = 0; n < NT_S; ++n) {
+            const float p0 = exp2_approx(s[n][0] - m[0]), p1 = exp2_approx(s[n][1] - m[0]);
+            const float p2 = exp2_approx(s[n][2] - m[1]), p3 = exp2_approx(s[n][3] - m[1]);
+            l[0] += p0 + p1;
+            l[1] += p2 + p3;
+            *(u32*)(prow + n * 8) = pack2<BF16>(p0, p1);
+            *(u32*)(prow + 8 * BNP + n * 8) = pack2<BF16>(p2, p3);
+        }
+        __syncthreads();  // P of the whole row group is in shared memory
+
+        // 6. O = O * alpha + P V for columns wc * COLS_W .. + COLS_W.
+#pragma unroll
+        for (int i = 0; i < NT_O; ++i) {
+            o[i][0] *= alpha[0];
+            o[i][1] *= alpha[0];
+            o[i][2] *= alpha[1];
+            o[i][3] *= alpha[1];
+        }
+        const u32 v_lane = smem_addr(kt + (lane % 8 + ((lane / 8) % 2) * 8) * DP + wc * COLS_W + (lane / 16) * 8);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            u32 a[4];
+            ldmatrix_x4(a, p_lane + kk * 32);
+#pragma unroll
+            for (int n = 0; n < NT_O / 2; ++n) {
+                u32 b[4];
+                ldmatrix_x4_trans(b, v_lane + (kk * 16 * DP + n * 16) * 2);
+                mma_16816<BF16>(o[2 * n], a, b[0], b[1]);
+                mma_16816<BF16>(o[2 * n + 1], a, b[2], b[3]);
+            }
+        }
+    }
+
+    // 7. row sums across the quad and the row group's warps, then O / l and the LSE.
+    l[0] = quad_sum(l[0]);
+    l[1] = quad_sum(l[1]);
+    __syncthreads();  // every warp is past its last read of red
+    if (c == 0) {
+        red[wc * 16 + g] = l[0];
+        red[wc * 16 + g + 8] = l[1];
+    }
+    __syncthreads();
+    float inv[2], lse[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) sum += red[w * 16 + g + 8 * h];
+        inv[h] = 1.0f / sum;
+        lse[h] = (m[h] + log2_approx(sum)) * LN2;
+    }
+    const i64 at = ((i64)row * splits + blockIdx.y) * p.heads;  // workspace row of this split
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int head = head0 + rg * 16 + g + 8 * h;
+        if (head >= p.heads) continue;
+        const int col0 = wc * COLS_W + 2 * c;
+        if (splits == 1) {
+            u16* out = (u16*)p.o + row * p.o_row + head * p.o_head + col0;
+#pragma unroll
+            for (int i = 0; i < NT_O; ++i) {
+                *(u32*)(out + i * 8) = pack2<BF16>(o[i][2 * h] * inv[h], o[i][2 * h + 1] * inv[h]);
+            }
+            if (wc == 0 && c == 0) p.lse[row * p.lse_row + head] = lse[h];
+        } else {
+            float* out = p.part_o + (at + head) * L + col0;
+#pragma unroll
+            for (int i = 0; i < NT_O; ++i) {
+                *(f32x2*)(out + i * 8) = {o[i][2 * h] * inv[h], o[i][2 * h + 1] * inv[h]};
+            }
+            if (wc == 0 && c == 0) p.part_lse[at + head] = lse[h];
+        }
+    }
+}

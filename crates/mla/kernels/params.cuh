@@ -1,0 +1,45 @@
+/**
+ * @file params.cuh
+ * @brief The one argument of every decode kernel: what the host plan decided, by value.
+ *
+ * Mirrored field for field by `DecodeParams` in `src/backend/cuda/params.rs`; the size is
+ * checked on both sides. Strides are in elements of the tensor's own dtype. Device headers
+ * include no host header, so NVRTC takes them as they are.
+ */
+#pragma once
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+struct DecodeParams {
+    const void* q_nope;       // [rows, H, L] model dtype
+    const void* q_rope;       // [rows, H, R] model dtype (may alias q_nope + L for a packed q)
+    i64 q_nope_row, q_nope_head;
+    i64 q_rope_row, q_rope_head;
+    const void* kv;           // [num_blocks, page_size, D] cache dtype
+    i64 page_stride, token_stride;
+    const int* block_table;   // [requests, max_blocks]
+    i64 block_table_stride;
+    const int* seq_lens;      // [requests]: KV length of each request, its query tokens included
+    void* o;                  // [rows, H, L] model dtype; written by stage 1 when num_kv_splits == 1
+    i64 o_row, o_head;
+    float* lse;               // [rows, H] natural log
+    i64 lse_row;
+    float* part_o;            // [rows, splits, H, L] f32 workspace: normalized split outputs
+    float* part_lse;          // [rows, splits, H] f32 workspace: split LSEs (natural log)
+    u32* error_flag;          // device word; bits of MLA_ERR_* raised by the kernels
+    int num_blocks, page_size, max_blocks;
+    int rows, query_len, heads, num_kv_splits;
+    int causal;               // 1: token t of Q sees keys up to seq_len - (Q - 1 - t)
+    int window;               // sliding window in keys; 0: none
+    float scale_log2;         // softmax scale * log2(e): scores go to base 2 with the scale folded in
+    float k_scale;            // fp8 caches: value = decoded * k_scale
+};
+static_assert(sizeof(DecodeParams) == 208, "DecodeParams must match src/backend/cuda/params.rs");
+
+// Bits of *error_flag (src/backend/cuda/mod.rs reads them).
+#define MLA_ERR_NEGATIVE_LEN 1u     // a seq_len below zero (treated as 0)
+#define MLA_ERR_BEYOND_TABLE 2u     // a seq_len beyond max_blocks * page_size (extra keys skipped)
+#define MLA_ERR_BAD_BLOCK 4u        // a block id outside [0, num_blocks) (its page never read)

@@ -1,0 +1,200 @@
+//! Building a kernel variant: NVRTC options, the disk cache, and the resource report ptxas
+//! writes into the log (registers, stack, spills). Needs libnvrtc, not a GPU, so CI runs it
+//! on a CPU-only machine for every architecture we ship.
+
+use std::time::Instant;
+
+use super::registry::{Family, HEADERS, Variant};
+use super::{cache, ffi};
+use crate::error::Result;
+
+/// What a cubin is compiled for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// `sm_80`, `sm_89`, `sm_90a`, ...
+    pub arch: String,
+    /// NVRTC's version (part of the cache key).
+    pub nvrtc: (i32, i32),
+}
+
+impl Target {
+    /// The target of a compute capability, with the NVRTC found on this machine. Hopper gets
+    /// its arch-specific `sm_90a` (wgmma, setmaxnreg).
+    ///
+    /// # Errors
+    /// [`crate::Error::NoCudaDevice`] when libnvrtc cannot be loaded.
+    pub fn new(major: u32, minor: u32) -> Result<Target> {
+        nvrtc_present()?;
+        let suffix = if (major, minor) == (9, 0) { "a" } else { "" };
+        Ok(Target {
+            arch: format!("sm_{major}{minor}{suffix}"),
+            nvrtc: ffi::nvrtc_version()?,
+        })
+    }
+
+    /// Parses `sm_80`, `sm_89`, `sm_90a`, `90`, `8.9` into (major, minor).
+    pub fn parse_arch(s: &str) -> Option<(u32, u32)> {
+        let digits: String = s.chars().filter(|c| c.is_ascii_digit()).collect();
+        let (major, minor) = match digits.len() {
+            2 => (&digits[..1], &digits[1..]),
+            3 => (&digits[..2], &digits[2..]),
+            _ => return None,
+        };
+        Some((major.parse().ok()?, minor.parse().ok()?))
+    }
+}
+
+fn nvrtc_present() -> Result<()> {
+    // NVRTC alone is enough to compile; the driver check belongs to opening a device.
+    match ffi::libraries_present() {
+        Err(why) if why.contains("NVRTC") => Err(crate::Error::NoCudaDevice(why)),
+        _ => Ok(()),
+    }
+}
+
+/// Registers, stack and spills of a compiled kernel, from ptxas' report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Registers per thread.
+    pub registers: u32,
+    /// Stack frame bytes.
+    pub stack: u32,
+    /// Spill store bytes.
+    pub spill_stores: u32,
+    /// Spill load bytes.
+    pub spill_loads: u32,
+}
+
+impl Usage {
+    /// Whether any register spilled to local memory.
+    pub fn spills(&self) -> bool {
+        self.spill_stores > 0 || self.spill_loads > 0
+    }
+}
+
+/// Parses "Used N registers" and "N bytes stack frame, N bytes spill stores, N bytes spill
+/// loads" from an NVRTC log.
+pub fn usage(log: &str) -> Option<Usage> {
+    let number_before = |line: &str, word: &str| -> Option<u32> {
+        let at = line.find(word)?;
+        line[..at].split_whitespace().last()?.parse().ok()
+    };
+    let mut u = Usage::default();
+    let mut seen = false;
+    for line in log.lines() {
+        if let Some(r) = number_before(line, "registers") {
+            u.registers = r;
+            seen = true;
+        }
+        if let Some(s) = number_before(line, "bytes stack frame") {
+            u.stack = s;
+            u.spill_stores = number_before(line, "bytes spill stores").unwrap_or(0);
+            u.spill_loads = number_before(line, "bytes spill loads").unwrap_or(0);
+        }
+    }
+    seen.then_some(u)
+}
+
+/// A built variant.
+#[derive(Debug, Clone)]
+pub struct Built {
+    /// The variant.
+    pub variant: Variant,
+    /// The cubin.
+    pub cubin: Vec<u8>,
+    /// ptxas' report (None when the cubin came from the disk cache).
+    pub usage: Option<Usage>,
+    /// Whether the disk cache had it.
+    pub from_disk: bool,
+    /// Time spent (compile or read), in milliseconds.
+    pub millis: f64,
+}
+
+/// The NVRTC options of a variant.
+pub fn options(variant: &Variant, target: &Target) -> Vec<String> {
+    let mut o = vec![
+        format!("--gpu-architecture={}", target.arch),
+        "--std=c++17".into(),
+        "--ptxas-options=-v".into(),
+    ];
+    o.extend(variant.defines());
+    o
+}
+
+fn sources(family: Family) -> Vec<&'static str> {
+    let mut s: Vec<&str> = HEADERS.iter().map(|(_, src)| *src).collect();
+    s.push(family.source());
+    s
+}
+
+/// The cubin of a variant: from the disk cache when `use_cache` and present, else compiled
+/// (and stored).
+///
+/// # Errors
+/// [`crate::Error::Compile`] with NVRTC's log.
+pub fn build(variant: &Variant, target: &Target, use_cache: bool) -> Result<Built> {
+    let start = Instant::now();
+    let opts = options(variant, target);
+    let family = variant.family;
+    let name = cache::file_name(
+        family.entry(),
+        &target.arch,
+        &sources(family),
+        &opts,
+        target.nvrtc,
+    );
+    let dir = cache::dir();
+    if use_cache && let Some(cubin) = dir.as_deref().and_then(|d| cache::load(d, &name)) {
+        return Ok(Built {
+            variant: *variant,
+            cubin,
+            usage: None,
+            from_disk: true,
+            millis: start.elapsed().as_secs_f64() * 1e3,
+        });
+    }
+    let compiled = ffi::compile_cubin(family.file(), family.source(), &HEADERS, &opts)?;
+    if let Some(d) = dir.as_deref() {
+        cache::store(d, &name, &compiled.cubin);
+    }
+    Ok(Built {
+        variant: *variant,
+        cubin: compiled.cubin,
+        usage: usage(&compiled.log),
+        from_disk: false,
+        millis: start.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ptxas_reports() {
+        let log = "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n\
+                   ptxas         .     16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n\
+                   ptxas info    : Used 128 registers, used 1 barriers";
+        let u = usage(log).unwrap();
+        assert_eq!(
+            u,
+            Usage {
+                registers: 128,
+                stack: 16,
+                spill_stores: 8,
+                spill_loads: 12
+            }
+        );
+        assert!(u.spills());
+        assert!(usage("no report").is_none());
+    }
+
+    #[test]
+    fn arch_names() {
+        assert_eq!(Target::parse_arch("sm_90a"), Some((9, 0)));
+        assert_eq!(Target::parse_arch("sm_89"), Some((8, 9)));
+        assert_eq!(Target::parse_arch("8.0"), Some((8, 0)));
+        assert_eq!(Target::parse_arch("sm_100"), Some((10, 0)));
+        assert_eq!(Target::parse_arch("x"), None);
+    }
+}

@@ -1,0 +1,167 @@
+//! Every unsafe call of the CUDA backend: library presence, NVRTC to a cubin with in-memory
+//! headers, and kernel launches. Everything above this module is safe Rust.
+#![allow(unsafe_code)]
+
+use std::ffi::{CString, c_char, c_int};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+
+use super::params::DecodeParams;
+use crate::error::{Error, Result};
+
+// SAFETY: `DecodeParams` is `#[repr(C)]`, holds only integers and floats, and matches the
+// CUDA struct the kernels take by value (size checked on both sides).
+unsafe impl DeviceRepr for DecodeParams {}
+
+/// Whether libcuda and libnvrtc can be loaded (cudarc panics on first use otherwise).
+pub fn libraries_present() -> std::result::Result<(), String> {
+    // SAFETY: these only try to dlopen the libraries by name.
+    let driver = unsafe { cudarc::driver::sys::is_culib_present() };
+    let rtc = unsafe { nvrtc_sys::is_culib_present() };
+    match (driver, rtc) {
+        (true, true) => Ok(()),
+        (false, _) => Err("the CUDA driver library (libcuda.so.1) was not found".into()),
+        (true, false) => Err("NVRTC (libnvrtc.so.13) was not found; install the CUDA 13 \
+                              toolkit or the nvidia-cuda-nvrtc wheel and put it on the library path"
+            .into()),
+    }
+}
+
+/// Turns cudarc's per-slice event bookkeeping off for a context: every decode runs on one
+/// stream, ordered by the stream itself, and events would break graph capture.
+pub fn disable_event_tracking(ctx: &Arc<cudarc::driver::CudaContext>) {
+    // SAFETY: called right after the context is created, before any slice or stream exists
+    // whose synchronization could depend on the tracking.
+    unsafe { ctx.disable_event_tracking() };
+}
+
+/// NVRTC's (major, minor) version.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    let (mut major, mut minor): (c_int, c_int) = (0, 0);
+    // SAFETY: two valid out-pointers.
+    unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| Error::Compile {
+            kernel: "nvrtcVersion".into(),
+            log: e.to_string(),
+        })?;
+    Ok((major, minor))
+}
+
+/// What NVRTC produced: the cubin and the compiler's log (ptxas resource lines included).
+pub struct Compiled {
+    pub cubin: Vec<u8>,
+    pub log: String,
+}
+
+fn log_of(prog: nvrtc_sys::nvrtcProgram) -> String {
+    // SAFETY: `prog` is a live program.
+    let raw = unsafe { nvrtc::get_program_log(prog) }.unwrap_or_default();
+    let bytes: Vec<u8> = raw
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Compiles `source` (named `name`) with the given in-memory headers to a cubin.
+///
+/// # Errors
+/// [`Error::Compile`] with NVRTC's log.
+pub fn compile_cubin(
+    name: &str,
+    source: &str,
+    headers: &[(&str, &str)],
+    options: &[String],
+) -> Result<Compiled> {
+    let fail = |log: String| Error::Compile {
+        kernel: name.to_string(),
+        log,
+    };
+    let cstr = |s: &str| CString::new(s).map_err(|_| fail(format!("a NUL byte in {s:.40}")));
+    let src = cstr(source)?;
+    let cname = cstr(name)?;
+    let header_src: Vec<CString> = headers
+        .iter()
+        .map(|(_, s)| cstr(s))
+        .collect::<Result<_>>()?;
+    let header_names: Vec<CString> = headers
+        .iter()
+        .map(|(n, _)| cstr(n))
+        .collect::<Result<_>>()?;
+    let src_ptrs: Vec<*const c_char> = header_src.iter().map(|s| s.as_ptr()).collect();
+    let name_ptrs: Vec<*const c_char> = header_names.iter().map(|s| s.as_ptr()).collect();
+
+    let mut prog = std::mem::MaybeUninit::uninit();
+    // SAFETY: every pointer is a live NUL-terminated string that outlives the program (the
+    // CStrings above are dropped after destroy_program); the header arrays have equal lengths.
+    unsafe {
+        nvrtc_sys::nvrtcCreateProgram(
+            prog.as_mut_ptr(),
+            src.as_ptr(),
+            cname.as_ptr(),
+            headers.len() as c_int,
+            src_ptrs.as_ptr(),
+            name_ptrs.as_ptr(),
+        )
+    }
+    .result()
+    .map_err(|e| fail(e.to_string()))?;
+    // SAFETY: nvrtcCreateProgram succeeded and initialized `prog`.
+    let prog = unsafe { prog.assume_init() };
+
+    // SAFETY: `prog` is live until destroy_program below.
+    let compiled = unsafe { nvrtc::compile_program(prog, options) };
+    let log = log_of(prog);
+    let result = compiled.map_err(|_| fail(log.clone())).and_then(|()| {
+        let mut size = 0usize;
+        // SAFETY: `prog` compiled; `size` and the buffer are valid for the sizes NVRTC reports.
+        unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size) }
+            .result()
+            .map_err(|e| fail(e.to_string()))?;
+        let mut cubin = vec![0u8; size];
+        unsafe { nvrtc_sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut c_char) }
+            .result()
+            .map_err(|e| fail(e.to_string()))?;
+        Ok(Compiled {
+            cubin,
+            log: log.clone(),
+        })
+    });
+    // SAFETY: `prog` is live and destroyed once.
+    let _ = unsafe { nvrtc::destroy_program(prog) };
+    result
+}
+
+/// Launches `func` with the decode parameters as its one argument.
+///
+/// # Errors
+/// [`Error::Driver`] if the launch is refused.
+pub fn launch(
+    stream: &Arc<CudaStream>,
+    func: &CudaFunction,
+    grid: (u32, u32),
+    threads: u32,
+    smem: u32,
+    params: &DecodeParams,
+) -> Result<()> {
+    let cfg = LaunchConfig {
+        grid_dim: (grid.0, grid.1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: smem,
+    };
+    let mut builder = stream.launch_builder(func);
+    builder.arg(params);
+    // SAFETY: every kernel of this crate takes exactly one `DecodeParams` by value. The
+    // addresses in it were checked by the plan (shapes, strides, bounds of every view) and by
+    // the backend (alignment); the kernels bound-check every block id they read. The
+    // workspace views lie inside the workspace allocation, sized for this plan.
+    unsafe { builder.launch(cfg) }.map_err(|e| Error::Driver {
+        op: "launch",
+        source: e,
+    })?;
+    Ok(())
+}

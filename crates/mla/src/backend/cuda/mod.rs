@@ -1,0 +1,456 @@
+//! The CUDA backend: a device, a stream, the loaded kernels, the workspace and the
+//! device-side error flag. It executes plans; the kernels live in `kernels/`.
+//!
+//! - [`registry`]: the kernel sources and the variants a decode can pick.
+//! - [`compile`]: NVRTC options, the disk cache, ptxas' resource report.
+//! - [`cache`]: the on-disk cubin cache.
+//! - [`params`]: the `#[repr(C)]` kernel argument.
+//! - `ffi`: every unsafe call.
+//!
+//! The decode path (`forward`) only looks kernels up, fills the parameters and launches: no
+//! allocation (once the workspace is reserved), no compilation (once warmed up), no host
+//! synchronization, so it can be captured in a CUDA graph.
+
+pub mod cache;
+pub mod compile;
+mod ffi;
+mod params;
+pub mod registry;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
+use cudarc::nvrtc::Ptx;
+
+use self::compile::{Built, Target};
+use self::params::{DecodeParams, Pointers};
+use self::registry::{Family, Variant};
+use crate::args::{DecodeInputs, DecodeOutputs, Query};
+use crate::config::{DeviceInfo, ValidConfig};
+use crate::error::{Capability, Error, Result};
+use crate::plan::DecodePlan;
+
+/// A loaded kernel.
+#[derive(Debug)]
+struct Loaded {
+    func: CudaFunction,
+}
+
+/// The CUDA backend of one device.
+#[derive(Debug)]
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    ordinal: usize,
+    target: Target,
+    smem_limit: usize,
+    kernels: HashMap<Variant, Loaded>,
+    /// Variants built (compiled or read from disk) and loaded by this backend.
+    builds: Vec<Built>,
+    workspace: Option<CudaSlice<u8>>,
+    error_flag: CudaSlice<u32>,
+}
+
+fn driver(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
+    move |source| Error::Driver { op, source }
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal`: its primary context, a stream of our own, the error flag.
+    ///
+    /// # Errors
+    /// [`Error::NoCudaDevice`] when there is no driver, no NVRTC or no such device.
+    pub fn open(ordinal: usize) -> Result<(CudaBackend, DeviceInfo)> {
+        ffi::libraries_present().map_err(Error::NoCudaDevice)?;
+        let count = CudaContext::device_count().map_err(|e| Error::NoCudaDevice(e.to_string()))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(Error::NoCudaDevice(format!(
+                "device {ordinal} asked for, {count} present"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| Error::NoCudaDevice(e.to_string()))?;
+        ffi::disable_event_tracking(&ctx);
+        let stream = ctx.new_stream().map_err(driver("create a stream"))?;
+        let name = ctx.name().map_err(driver("device name"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(driver("compute capability"))?;
+        let attr = |a| ctx.attribute(a).map_err(driver("device attribute"));
+        let sm_count = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let smem_limit =
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+                as usize;
+        let error_flag = stream
+            .alloc_zeros::<u32>(1)
+            .map_err(driver("allocate the error flag"))?;
+        let capability = Capability {
+            major: major as u32,
+            minor: minor as u32,
+        };
+        let target = Target::new(capability.major, capability.minor)?;
+        let info = DeviceInfo::Cuda {
+            name,
+            capability,
+            sm_count,
+        };
+        let backend = CudaBackend {
+            ctx,
+            stream,
+            ordinal,
+            target,
+            smem_limit,
+            kernels: HashMap::new(),
+            builds: Vec::new(),
+            workspace: None,
+            error_flag,
+        };
+        Ok((backend, info))
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The stream every decode is launched on. Allocate and copy the decode's tensors on it
+    /// (or order your streams against it).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The architecture kernels are compiled for.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// Every variant this backend built and loaded so far.
+    pub fn builds(&self) -> &[Built] {
+        &self.builds
+    }
+
+    /// The shapes the kernels support: L a multiple of 128 up to 512, R a multiple of 16,
+    /// and a variant whose shared memory fits the device.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the field.
+    pub fn check_config(&self, cfg: &ValidConfig) -> Result<()> {
+        let l = cfg.kv_lora_rank;
+        if !l.is_multiple_of(128) || l > 512 {
+            return Err(Error::config(
+                "kv_lora_rank",
+                format!("the CUDA backend needs a multiple of 128 up to 512, got {l}"),
+            ));
+        }
+        if !cfg.rope_dim.is_multiple_of(16) {
+            return Err(Error::config(
+                "qk_rope_head_dim",
+                format!(
+                    "the CUDA backend needs a multiple of 16, got {}",
+                    cfg.rope_dim
+                ),
+            ));
+        }
+        self.decode_variant(cfg.q_heads, cfg).map(|_| ())
+    }
+
+    fn decode_variant(&self, heads: usize, cfg: &ValidConfig) -> Result<Variant> {
+        registry::decode_variant(
+            heads,
+            cfg.kv_lora_rank,
+            cfg.rope_dim,
+            cfg.model_dtype,
+            cfg.kv_format,
+            self.smem_limit,
+        )
+        .ok_or_else(|| {
+            Error::config(
+                "qk_rope_head_dim",
+                format!(
+                    "L + R = {} needs more shared memory than the device's {} bytes per block",
+                    cfg.kv_lora_rank + cfg.rope_dim,
+                    self.smem_limit
+                ),
+            )
+        })
+    }
+
+    /// Builds and loads every kernel a decoder with this configuration can pick: the stage-1
+    /// variant of its head count and cache format and, when a split count above one is
+    /// possible, the combine. Returns the variants.
+    ///
+    /// # Errors
+    /// [`Error::Compile`], [`Error::Driver`].
+    pub fn warmup(&mut self, cfg: &ValidConfig, max_splits: usize) -> Result<Vec<Variant>> {
+        let mut variants = vec![self.decode_variant(cfg.q_heads, cfg)?];
+        if max_splits > 1 {
+            variants.push(registry::combine_variant(cfg.kv_lora_rank, cfg.model_dtype));
+        }
+        for v in &variants {
+            self.kernel(*v)?;
+        }
+        Ok(variants)
+    }
+
+    /// Builds and loads every variant this device can use with DeepSeek shapes (both model
+    /// dtypes, every cache format, every head-count class), as `mla precompile` does.
+    ///
+    /// # Errors
+    /// [`Error::Compile`], [`Error::Driver`].
+    pub fn precompile_all(&mut self) -> Result<&[Built]> {
+        for v in registry::all_variants(self.smem_limit) {
+            self.kernel(v)?;
+        }
+        Ok(&self.builds)
+    }
+
+    /// A loaded kernel, building it on first use.
+    fn kernel(&mut self, v: Variant) -> Result<&CudaFunction> {
+        if !self.kernels.contains_key(&v) {
+            let loaded = self.load(v)?;
+            self.kernels.insert(v, loaded);
+        }
+        Ok(&self.kernels[&v].func)
+    }
+
+    fn load(&mut self, v: Variant) -> Result<Loaded> {
+        let mut built = compile::build(&v, &self.target, true)?;
+        let module = match self.ctx.load_module(Ptx::from_binary(built.cubin.clone())) {
+            Ok(m) => m,
+            // A damaged cache entry: compile afresh (which overwrites it).
+            Err(_) if built.from_disk => {
+                built = compile::build(&v, &self.target, false)?;
+                self.ctx
+                    .load_module(Ptx::from_binary(built.cubin.clone()))
+                    .map_err(driver("load a module"))?
+            }
+            Err(e) => return Err(driver("load a module")(e)),
+        };
+        let func = module
+            .load_function(v.family.entry())
+            .map_err(driver("load a kernel"))?;
+        let smem = v.smem_bytes();
+        if v.family == Family::DecodeMma {
+            let global = module
+                .get_global("mla_decode_smem_bytes", &self.stream)
+                .map_err(driver("read the kernel's shared memory size"))?;
+            let bytes = self
+                .stream
+                .clone_dtoh(&global)
+                .map_err(driver("read the kernel's shared memory size"))?;
+            let kernel_smem = bytes
+                .get(..4)
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            if kernel_smem != Some(smem as i32) {
+                return Err(Error::Compile {
+                    kernel: v.to_string(),
+                    log: format!(
+                        "the kernel lays out {kernel_smem:?} bytes of shared memory, the host {smem}"
+                    ),
+                });
+            }
+            func.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(driver("set the kernel's shared memory"))?;
+        }
+        built.cubin = Vec::new(); // keep the report, not the bytes
+        self.builds.push(built);
+        Ok(Loaded { func })
+    }
+
+    /// Resizes the workspace to `bytes` (only before the workspace is locked).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the device memory is not available.
+    pub fn resize_workspace(&mut self, bytes: usize) -> Result<()> {
+        self.workspace = None; // free first: the new one is larger
+        self.workspace = Some(
+            self.stream
+                .alloc_zeros::<u8>(bytes.max(1))
+                .map_err(driver("allocate the workspace"))?,
+        );
+        Ok(())
+    }
+
+    /// Waits for the stream, then reports (and clears) the error flag the kernels raise for
+    /// bad values: negative lengths, lengths beyond the block table, block ids outside the
+    /// cache.
+    ///
+    /// # Errors
+    /// [`Error::DeviceCheck`], [`Error::Driver`].
+    pub fn check_errors(&mut self) -> Result<()> {
+        self.stream.synchronize().map_err(driver("synchronize"))?;
+        let flag = self
+            .stream
+            .clone_dtoh(&self.error_flag)
+            .map_err(driver("read the error flag"))?;
+        let bits = flag.first().copied().unwrap_or(0);
+        if bits != 0 {
+            self.stream
+                .memset_zeros(&mut self.error_flag)
+                .map_err(driver("clear the error flag"))?;
+            return Err(Error::DeviceCheck { bits });
+        }
+        Ok(())
+    }
+
+    /// Launches a planned decode on the stream. Returns before the work is done.
+    ///
+    /// # Errors
+    /// [`Error::Stride`] for tensors the kernels cannot read with 16-byte loads,
+    /// [`Error::Compile`] or [`Error::Driver`] for a kernel not warmed up that fails to build,
+    /// [`Error::Driver`] for a refused launch.
+    pub fn forward(
+        &mut self,
+        plan: &DecodePlan,
+        inputs: &DecodeInputs<'_>,
+        outputs: &mut DecodeOutputs<'_>,
+    ) -> Result<()> {
+        let ptr = pointers(
+            plan,
+            inputs,
+            outputs,
+            self.error_flag_ptr(),
+            self.workspace_ptr(),
+        )?;
+        if plan.rows == 0 {
+            return Ok(());
+        }
+        let decode = registry::decode_variant(
+            plan.heads,
+            plan.kv_lora_rank,
+            plan.rope_dim,
+            plan.model_dtype,
+            plan.kv_format,
+            self.smem_limit,
+        )
+        .ok_or_else(|| Error::config("qk_rope_head_dim", "no kernel variant fits the device"))?;
+        let params = DecodeParams::new(plan, &ptr);
+        let rows_per_cta = 16 * decode.row_warps;
+        let head_blocks = plan.heads.div_ceil(rows_per_cta);
+        let grid_x = u32::try_from(plan.rows * head_blocks).map_err(|_| too_big(plan))?;
+        let splits = u32::try_from(plan.num_kv_splits)
+            .ok()
+            .filter(|&s| s <= 65_535)
+            .ok_or_else(|| too_big(plan))?;
+        let stream = self.stream.clone();
+        let f = self.kernel(decode)?.clone();
+        ffi::launch(
+            &stream,
+            &f,
+            (grid_x, splits),
+            decode.threads(),
+            decode.smem_bytes() as u32,
+            &params,
+        )?;
+        if plan.num_kv_splits > 1 {
+            let combine = registry::combine_variant(plan.kv_lora_rank, plan.model_dtype);
+            let f = self.kernel(combine)?.clone();
+            let grid = (plan.rows as u32, plan.heads.div_ceil(4) as u32);
+            ffi::launch(&stream, &f, grid, combine.threads(), 0, &params)?;
+        }
+        Ok(())
+    }
+
+    fn error_flag_ptr(&self) -> u64 {
+        address(&self.error_flag, &self.stream)
+    }
+
+    fn workspace_ptr(&self) -> u64 {
+        self.workspace
+            .as_ref()
+            .map_or(0, |w| address(w, &self.stream))
+    }
+}
+
+/// The device address of a slice we own (event tracking is off: ordering is by our stream).
+fn address<T>(slice: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    slice.device_ptr(stream).0
+}
+
+fn too_big(plan: &DecodePlan) -> Error {
+    Error::Overflow {
+        what: "launch grid",
+        detail: format!(
+            "{} rows x {} heads x {} splits",
+            plan.rows, plan.heads, plan.num_kv_splits
+        ),
+    }
+}
+
+/// A misaligned-tensor error.
+fn misaligned(arg: &'static str, what: &str) -> Error {
+    Error::Stride {
+        arg,
+        reason: format!(
+            "the CUDA backend reads and writes it in 16-byte (o: 4-byte) units, so {what}"
+        ),
+        strides: Vec::new(),
+        shape: Vec::new(),
+    }
+}
+
+/// The device addresses of a decode, after checking the alignment the kernels rely on.
+fn pointers(
+    plan: &DecodePlan,
+    inputs: &DecodeInputs<'_>,
+    outputs: &DecodeOutputs<'_>,
+    error_flag: u64,
+    workspace: u64,
+) -> Result<Pointers> {
+    let dev = |arg: &'static str, p: Option<u64>| {
+        p.ok_or_else(|| Error::memory(arg, "expected a device tensor"))
+    };
+    let (q_nope, q_rope) = match &inputs.q {
+        Query::Packed(q) => {
+            let p = dev("q", q.device_ptr())?;
+            (p, p)
+        }
+        Query::Split { nope, rope } => (
+            dev("q_nope", nope.device_ptr())?,
+            dev("q_pe", rope.device_ptr())?,
+        ),
+    };
+    let kv = dev("kv_cache", inputs.kv_cache.device_ptr())?;
+    let elem = plan.kv_format.size();
+    // q: rows of L and R values start on 16-byte boundaries.
+    let [nr, nh] = plan.q.nope_strides;
+    let [rr, rh] = plan.q.rope_strides;
+    if q_nope % 16 != 0 || q_rope % 16 != 0 || [nr, nh, rr, rh].iter().any(|s| s % 8 != 0) {
+        return Err(misaligned(
+            "q",
+            "its address and row and head strides must be multiples of 16 bytes",
+        ));
+    }
+    if kv % 16 != 0
+        || !(plan.kv.token_stride * elem).is_multiple_of(16)
+        || !(plan.kv.page_stride * elem).is_multiple_of(16)
+    {
+        return Err(misaligned(
+            "kv_cache",
+            "its address, token stride and page stride must be multiples of 16 bytes",
+        ));
+    }
+    let o = dev("o", outputs.o.device_ptr())?;
+    if o % 4 != 0 || plan.o_strides.iter().any(|s| s % 2 != 0) {
+        return Err(misaligned(
+            "o",
+            "its address must be 4-byte aligned and its strides even",
+        ));
+    }
+    let lse = dev("lse", outputs.lse.device_ptr())?;
+    Ok(Pointers {
+        q_nope,
+        q_rope,
+        kv,
+        block_table: dev("block_table", inputs.block_table.device_ptr())?,
+        seq_lens: dev("seq_lens", inputs.seq_lens.device_ptr())?,
+        o,
+        lse,
+        workspace,
+        error_flag,
+    })
+}

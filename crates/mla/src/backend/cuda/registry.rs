@@ -1,0 +1,275 @@
+//! The kernels as data: their sources (embedded), the variants a decode can pick, and the key
+//! that names a compiled variant in memory and on disk.
+//!
+//! A variant is a family plus the `-D` defines that specialize it; the plan's numbers decide
+//! it ([`decode_variant`]), and [`warmup_variants`] / [`all_variants`] enumerate what a decoder
+//! or an architecture can need.
+
+use std::fmt;
+
+use crate::dtype::{KvFormat, ModelDtype};
+
+/// Every kernel source, by the name the `#include` lines use.
+pub const HEADERS: [(&str, &str); 4] = [
+    ("params.cuh", include_str!("../../../kernels/params.cuh")),
+    (
+        "common/ptx.cuh",
+        include_str!("../../../kernels/common/ptx.cuh"),
+    ),
+    (
+        "common/fp8.cuh",
+        include_str!("../../../kernels/common/fp8.cuh"),
+    ),
+    (
+        "common/rows.cuh",
+        include_str!("../../../kernels/common/rows.cuh"),
+    ),
+];
+
+/// A kernel family: one source file, one entry point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// Stage 1: split-KV attention on tensor cores (mma.sync).
+    DecodeMma,
+    /// Stage 2: the ascending merge of the splits.
+    Combine,
+}
+
+impl Family {
+    /// The source file, relative to `kernels/`.
+    pub fn file(self) -> &'static str {
+        match self {
+            Family::DecodeMma => "decode_mma/kernel.cu",
+            Family::Combine => "combine/kernel.cu",
+        }
+    }
+
+    /// The source text.
+    pub fn source(self) -> &'static str {
+        match self {
+            Family::DecodeMma => include_str!("../../../kernels/decode_mma/kernel.cu"),
+            Family::Combine => include_str!("../../../kernels/combine/kernel.cu"),
+        }
+    }
+
+    /// The `extern "C"` entry point.
+    pub fn entry(self) -> &'static str {
+        match self {
+            Family::DecodeMma => "mla_decode_split",
+            Family::Combine => "mla_decode_combine",
+        }
+    }
+}
+
+/// Keys per tile of the mma kernel.
+pub const BLOCK_N: usize = 32;
+
+/// One compiled kernel: the family and its specialization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Variant {
+    /// The family.
+    pub family: Family,
+    /// L.
+    pub kv_lora_rank: usize,
+    /// R (unused by the combine).
+    pub rope_dim: usize,
+    /// bf16 (true) or f16 model.
+    pub bf16: bool,
+    /// Cache format code: 0 model dtype, 1 the other 16-bit type, 2 e4m3, 3 e5m2 (unused by
+    /// the combine).
+    pub kv: u8,
+    /// Row groups of 16 heads per CTA (unused by the combine).
+    pub row_warps: usize,
+}
+
+impl Variant {
+    /// The `-D` options that specialize the source.
+    pub fn defines(&self) -> Vec<String> {
+        let mut d = vec![
+            format!("-DMLA_L={}", self.kv_lora_rank),
+            format!("-DMLA_BF16={}", self.bf16 as u8),
+        ];
+        if self.family == Family::DecodeMma {
+            d.extend([
+                format!("-DMLA_R={}", self.rope_dim),
+                format!("-DMLA_KV={}", self.kv),
+                format!("-DMLA_MW={}", self.row_warps),
+                format!("-DMLA_BN={BLOCK_N}"),
+            ]);
+        }
+        d
+    }
+
+    /// Threads per CTA.
+    pub fn threads(&self) -> u32 {
+        match self.family {
+            Family::DecodeMma => 128 * self.row_warps as u32,
+            Family::Combine => 128,
+        }
+    }
+
+    /// Dynamic shared memory per CTA, as the kernel lays it out (the kernel exports the same
+    /// number as `mla_decode_smem_bytes`, and loading checks that they agree).
+    pub fn smem_bytes(&self) -> usize {
+        if self.family == Family::Combine {
+            return 0;
+        }
+        let (rows, bn) = (16 * self.row_warps, BLOCK_N);
+        let d = self.kv_lora_rank + self.rope_dim;
+        let dp = d + 8;
+        let fp8 = self.kv >= 2; // fp8 stages raw bytes and converts into a tile of its own
+        let stage_row = if fp8 { d } else { dp * 2 };
+        let q = rows * dp * 2;
+        let stages = 2 * bn * stage_row;
+        let kt = if fp8 { bn * dp * 2 } else { 0 };
+        let p = rows * (bn + 8) * 2;
+        let red = self.row_warps * 4 * 16 * 4;
+        q + stages + kt + p + red
+    }
+}
+
+impl fmt::Display for Variant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.family.entry(), self.defines().join(" "))
+    }
+}
+
+/// The cache format code of the kernels.
+pub fn kv_code(model: ModelDtype, kv: KvFormat) -> u8 {
+    match (model, kv) {
+        (ModelDtype::Bf16, KvFormat::Bf16) | (ModelDtype::F16, KvFormat::F16) => 0,
+        (_, KvFormat::Bf16 | KvFormat::F16) => 1,
+        (_, KvFormat::Fp8E4m3) => 2,
+        (_, KvFormat::Fp8E5m2) => 3,
+    }
+}
+
+/// The stage-1 variant for a decoder: the most row groups (up to 4, fewer for few heads) that
+/// fit the device's shared memory. None if not even one fits.
+pub fn decode_variant(
+    heads: usize,
+    kv_lora_rank: usize,
+    rope_dim: usize,
+    model: ModelDtype,
+    kv: KvFormat,
+    smem_limit: usize,
+) -> Option<Variant> {
+    let want = match heads {
+        0..=16 => 1,
+        17..=32 => 2,
+        _ => 4,
+    };
+    [4, 2, 1]
+        .into_iter()
+        .filter(|&mw| mw <= want)
+        .map(|row_warps| Variant {
+            family: Family::DecodeMma,
+            kv_lora_rank,
+            rope_dim,
+            bf16: model == ModelDtype::Bf16,
+            kv: kv_code(model, kv),
+            row_warps,
+        })
+        .find(|v| v.smem_bytes() <= smem_limit)
+}
+
+/// The stage-2 variant for a decoder.
+pub fn combine_variant(kv_lora_rank: usize, model: ModelDtype) -> Variant {
+    Variant {
+        family: Family::Combine,
+        kv_lora_rank,
+        rope_dim: 0,
+        bf16: model == ModelDtype::Bf16,
+        kv: 0,
+        row_warps: 0,
+    }
+}
+
+/// Largest dynamic shared memory per block by architecture, for compiling without a device.
+pub fn smem_limit_of_arch(major: u32, minor: u32) -> usize {
+    match (major, minor) {
+        (8, 0) => 166_912,
+        (9, 0) | (10, _) => 232_448,
+        (8, _) | (12, _) => 101_376,
+        _ => 49_152,
+    }
+}
+
+/// Every variant the DeepSeek shapes (L = 512, R = 64) can use on an architecture: both model
+/// dtypes, every cache format, every row-group count that fits. What CI compiles.
+pub fn all_variants(smem_limit: usize) -> Vec<Variant> {
+    let mut out = Vec::new();
+    for model in [ModelDtype::Bf16, ModelDtype::F16] {
+        for kv in [
+            KvFormat::Bf16,
+            KvFormat::F16,
+            KvFormat::Fp8E4m3,
+            KvFormat::Fp8E5m2,
+        ] {
+            for heads in [16, 32, 128] {
+                if let Some(v) = decode_variant(heads, 512, 64, model, kv, smem_limit)
+                    && !out.contains(&v)
+                {
+                    out.push(v);
+                }
+            }
+        }
+        out.push(combine_variant(512, model));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_memory_matches_the_kernel_layout_by_hand() {
+        // bf16 cache, 64 rows: q 64 x 584 x 2, two 32-key stages of 584 x 2, P 64 x 40 x 2,
+        // the reduction 4 x 4 x 16 floats.
+        let v = decode_variant(128, 512, 64, ModelDtype::Bf16, KvFormat::Bf16, 232_448).unwrap();
+        assert_eq!(v.row_warps, 4);
+        assert_eq!(v.smem_bytes(), 74_752 + 74_752 + 5_120 + 1_024);
+        // fp8: raw stages of 576 bytes per key and the converted tile.
+        let v = decode_variant(16, 512, 64, ModelDtype::Bf16, KvFormat::Fp8E4m3, 232_448).unwrap();
+        assert_eq!(
+            v.smem_bytes(),
+            18_688 + 2 * 32 * 576 + 32 * 1168 + 1_280 + 256
+        );
+    }
+
+    #[test]
+    fn row_groups_follow_heads_and_shared_memory() {
+        let pick = |h, limit| {
+            decode_variant(h, 512, 64, ModelDtype::Bf16, KvFormat::Bf16, limit).map(|v| v.row_warps)
+        };
+        assert_eq!(pick(8, 232_448), Some(1));
+        assert_eq!(pick(32, 232_448), Some(2));
+        assert_eq!(pick(128, 232_448), Some(4));
+        assert_eq!(pick(128, 166_912), Some(4)); // A100
+        assert_eq!(pick(128, 101_376), Some(1)); // sm_86/89: one row group fits
+        assert_eq!(pick(128, 49_152), None);
+    }
+
+    #[test]
+    fn every_architecture_gets_every_dtype() {
+        for (major, minor) in [(8, 0), (8, 9), (9, 0)] {
+            let all = all_variants(smem_limit_of_arch(major, minor));
+            assert!(all.len() >= 10, "{major}.{minor}: {}", all.len());
+            for kv in 0..4 {
+                assert!(
+                    all.iter().any(|v| v.kv == kv),
+                    "{major}.{minor}: no variant for cache code {kv}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn cache_codes() {
+        assert_eq!(kv_code(ModelDtype::Bf16, KvFormat::Bf16), 0);
+        assert_eq!(kv_code(ModelDtype::Bf16, KvFormat::F16), 1);
+        assert_eq!(kv_code(ModelDtype::F16, KvFormat::Bf16), 1);
+        assert_eq!(kv_code(ModelDtype::F16, KvFormat::Fp8E5m2), 3);
+    }
+}

@@ -1,0 +1,153 @@
+//! GPU test helpers: open the device (or say why a test skips), copy a problem to it, run a
+//! case, and compare with the CPU backend and the f64 reference.
+#![allow(dead_code)]
+
+use mla::cudarc::driver::CudaStream;
+use mla::reference::{self, Accuracy, Reference};
+use mla::synth::{Outputs, Problem};
+use mla::{DecodePlan, Device, Error, MlaConfig, MlaDecode};
+use std::sync::Arc;
+
+#[allow(unused_imports)]
+pub use mla::synth::device::{DeviceCache, DeviceOutputs, DeviceProblem};
+
+use super::{Case, LSE_TOL, O_TOL};
+
+/// The decoder on CUDA device 0, or None where there is none. The first skip of a test
+/// binary says why on stderr, written directly so that the test harness does not hide it.
+pub fn open(cfg: &MlaConfig) -> Option<MlaDecode> {
+    match MlaDecode::new(cfg, Device::Cuda(0)) {
+        Ok(dec) => Some(dec),
+        Err(e @ (Error::NoCudaDevice(_) | Error::CudaNotCompiled)) => {
+            say_skipped(&e);
+            None
+        }
+        Err(e) => panic!("opening the GPU decoder failed: {e}"),
+    }
+}
+
+/// Prints, once per process, why GPU tests skip.
+pub fn say_skipped(e: &Error) {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        let exe = std::env::args().next().unwrap_or_default();
+        let name = std::path::Path::new(&exe)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned());
+        let msg = format!("GPU tests in {} skipped: {e}\n", name.unwrap_or_default());
+        let _ = std::io::stderr().write_all(msg.as_bytes());
+    }
+}
+
+/// The stream of a GPU decoder.
+pub fn stream(dec: &MlaDecode) -> Arc<CudaStream> {
+    dec.cuda_stream().expect("a GPU decoder").clone()
+}
+
+/// The CPU backend's outputs for a problem, split as the GPU splits (same SM count).
+pub fn cpu_outputs(
+    case: &Case,
+    p: &Problem,
+    sm_count: usize,
+    split_q: bool,
+) -> (Vec<f32>, Vec<f32>) {
+    let mut cfg = case.config();
+    cfg.split_units = Some(sm_count);
+    let mut dec = MlaDecode::new(&cfg, Device::Cpu).unwrap();
+    let mut out = Outputs::poisoned(p);
+    let mut inputs = p.inputs().unwrap();
+    if split_q {
+        inputs.q = p.query_split().unwrap();
+    }
+    dec.forward(&inputs, &mut out.views().unwrap()).unwrap();
+    (out.o.to_f32(), out.lse)
+}
+
+/// How far `o`/`lse` are from another backend's outputs.
+pub fn distance(
+    o: &[f32],
+    lse: &[f32],
+    base_o: &[f32],
+    base_lse: &[f32],
+    rows: usize,
+    heads: usize,
+    l: usize,
+) -> Accuracy {
+    let base = Reference {
+        rows,
+        heads,
+        kv_lora_rank: l,
+        o: base_o.iter().map(|&x| x as f64).collect(),
+        lse: base_lse.iter().map(|&x| x as f64).collect(),
+    };
+    base.accuracy(o, lse)
+}
+
+/// What a GPU run of a case gave.
+pub struct GpuRun {
+    pub plan: DecodePlan,
+    pub o: Vec<f32>,
+    pub lse: Vec<f32>,
+    pub vs_reference: Accuracy,
+    pub vs_cpu: Accuracy,
+}
+
+/// Runs a case on the GPU with poisoned outputs, checks the device flag, and compares with
+/// the f64 reference and with the CPU backend. None where there is no GPU.
+pub fn run_case(case: &Case) -> Option<GpuRun> {
+    let mut dec = open(&case.config())?;
+    Some(run_case_on(&mut dec, case))
+}
+
+/// As [`run_case`], on a given decoder.
+pub fn run_case_on(dec: &mut MlaDecode, case: &Case) -> GpuRun {
+    let s = stream(dec);
+    let p = Problem::generate(&case.spec).unwrap();
+    let dp = p.to_device(&s).unwrap();
+    let mut out = DeviceOutputs::poisoned(&s, &p).unwrap();
+    let inputs = dp.inputs(&p, case.split_q).unwrap();
+    let plan = dec
+        .forward(&inputs, &mut out.views().unwrap())
+        .expect("forward");
+    dec.check_device_errors().expect("no device-side error");
+    let (o, lse) = out.download(&s).unwrap();
+
+    let mut host_inputs = p.inputs().unwrap();
+    if case.split_q {
+        host_inputs.q = p.query_split().unwrap();
+    }
+    let r = reference::decode_f64(dec.config(), &host_inputs, None).unwrap();
+    let vs_reference = r.accuracy(&o, &lse);
+    let (co, cl) = cpu_outputs(case, &p, dec.config().sm_count, case.split_q);
+    let vs_cpu = distance(
+        &o,
+        &lse,
+        &co,
+        &cl,
+        p.rows(),
+        p.spec.heads,
+        p.spec.kv_lora_rank,
+    );
+    GpuRun {
+        plan,
+        o,
+        lse,
+        vs_reference,
+        vs_cpu,
+    }
+}
+
+/// Asserts the contract's tolerances against the reference and the CPU backend.
+pub fn assert_close(case: &Case, run: &GpuRun) {
+    for (what, a) in [("reference", run.vs_reference), ("cpu backend", run.vs_cpu)] {
+        assert!(
+            a.o_rel <= O_TOL && a.lse_abs <= LSE_TOL,
+            "against the {what}: o_rel {:.3e}, lse_abs {:.3e} (splits {}) for {case:#?}",
+            a.o_rel,
+            a.lse_abs,
+            run.plan.num_kv_splits
+        );
+    }
+}

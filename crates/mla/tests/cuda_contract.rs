@@ -1,0 +1,248 @@
+//! The CUDA backend against the CPU backend and the f64 reference, over every feature and
+//! dtype, with outputs poisoned before each run. Skips (saying why) without a GPU.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use common::gpu::{self, DeviceOutputs};
+use common::{Case, spec};
+use mla::synth::Problem;
+use mla::{DecodeInputs, KvFormat, Mask, MlaConfig, ModelDtype, Query, TensorRef};
+use proptest::prelude::*;
+
+fn check(case: &Case) {
+    if let Some(run) = gpu::run_case(case) {
+        gpu::assert_close(case, &run);
+    }
+}
+
+#[test]
+fn every_cache_format_and_model_dtype() {
+    for (model, kv) in common::formats() {
+        let mut s = spec(16, 64, &[700, 1500, 33, 0], 1, Mask::Causal);
+        s.model_dtype = model;
+        s.kv_format = kv;
+        s.k_scale = if kv.is_fp8() { 0.5 } else { 1.0 };
+        check(&Case::new(s));
+    }
+}
+
+#[test]
+fn head_counts_and_page_sizes() {
+    // 16, 32, 64, 128 heads and odd counts (padded tiles); pages of 1, 16, 64 and odd sizes.
+    for (heads, page) in [
+        (16, 1),
+        (32, 16),
+        (64, 64),
+        (128, 33),
+        (7, 64),
+        (20, 3),
+        (100, 16),
+        (1, 7),
+    ] {
+        check(&Case::new(spec(
+            heads,
+            page,
+            &[1000, 257, 1, 4100],
+            1,
+            Mask::Causal,
+        )));
+    }
+}
+
+#[test]
+fn multi_token_rows_causal_and_not() {
+    for mask in [Mask::Causal, Mask::NonCausal] {
+        for q_len in [2, 3, 4] {
+            check(&Case::new(spec(
+                16,
+                16,
+                &[2, 1, 0, 900, 77, 3000],
+                q_len,
+                mask,
+            )));
+        }
+    }
+}
+
+#[test]
+fn sliding_windows() {
+    for (w, q_len) in [(1, 1), (64, 1), (100, 3), (5000, 2), (31, 4)] {
+        let mut case = Case::new(spec(32, 64, &[1000, 10, 0, 2570], q_len, Mask::Causal));
+        case.window = Some(w);
+        check(&case);
+    }
+}
+
+#[test]
+fn split_query_and_padded_strides() {
+    let mut s = spec(64, 16, &[300, 2301], 2, Mask::NonCausal);
+    s.token_pad = 8; // 16-byte aligned rows, padded
+    s.page_pad = 64;
+    let mut case = Case::new(s);
+    case.split_q = true;
+    check(&case);
+    let mut s = spec(16, 64, &[300, 2301], 1, Mask::Causal);
+    s.kv_format = KvFormat::Fp8E4m3;
+    s.k_scale = 0.25;
+    s.token_pad = 16;
+    s.page_pad = 32;
+    check(&Case::new(s));
+}
+
+#[test]
+fn many_splits_and_long_contexts() {
+    // 64k keys: the largest split count the rule gives on an H200 at this length (128).
+    for (heads, kv) in [
+        (16, KvFormat::Bf16),
+        (128, KvFormat::Bf16),
+        (16, KvFormat::Fp8E4m3),
+    ] {
+        let mut s = spec(heads, 64, &[65_536, 5, 17_000], 1, Mask::Causal);
+        s.kv_format = kv;
+        s.k_scale = if kv.is_fp8() { 0.5 } else { 1.0 };
+        check(&Case::new(s));
+    }
+}
+
+#[test]
+fn other_latent_widths() {
+    for (l, r) in [(256, 32), (128, 16), (512, 0)] {
+        let mut s = spec(24, 16, &[90, 1031], 1, Mask::Causal);
+        s.kv_lora_rank = l;
+        s.rope_dim = r;
+        check(&Case::new(s));
+    }
+}
+
+#[test]
+fn batch_invariant_rows_are_bitwise_independent_of_the_batch() {
+    let mut case = Case::new(spec(128, 64, &[700, 20_000, 3, 0], 2, Mask::Causal));
+    case.batch_invariant = true;
+    let Some(mut dec) = gpu::open(&case.config()) else {
+        return;
+    };
+    let full = gpu::run_case_on(&mut dec, &case);
+    gpu::assert_close(&case, &full);
+    assert_eq!(full.plan.num_kv_splits, 1);
+
+    let s = gpu::stream(&dec);
+    let p = Problem::generate(&case.spec).unwrap();
+    let dp = p.to_device(&s).unwrap();
+    let (h, d, l, q_len, mb) = (128, 576, 512, 2, p.max_blocks);
+    for i in 0..p.seq_lens.len() {
+        // Request i alone: its q rows, its block-table row, its length, the same cache.
+        let table = s.clone_htod(&p.block_table[i * mb..(i + 1) * mb]).unwrap();
+        let lens = s.clone_htod(&p.seq_lens[i..i + 1]).unwrap();
+        let inputs = DecodeInputs {
+            q: Query::Packed(
+                dp.q.flat()
+                    .unwrap()
+                    .sub_view(i * q_len * h * d, [q_len, h, d], [h * d, d, 1])
+                    .unwrap(),
+            ),
+            block_table: TensorRef::from_cuda(&table, [1, mb], [mb, 1]).unwrap(),
+            seq_lens: TensorRef::from_cuda(&lens, [1], [1]).unwrap(),
+            ..dp.inputs(&p, false).unwrap()
+        };
+        let mut out = DeviceOutputs::with_shape(&s, ModelDtype::Bf16, [q_len, h, l]).unwrap();
+        dec.forward(&inputs, &mut out.views().unwrap()).unwrap();
+        dec.check_device_errors().unwrap();
+        let (o1, lse1) = out.download(&s).unwrap();
+        let r = i * q_len;
+        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(
+            same(&full.o[r * h * l..(r + q_len) * h * l], &o1),
+            "o of request {i} differs alone"
+        );
+        assert!(
+            same(&full.lse[r * h..(r + q_len) * h], &lse1),
+            "lse of request {i} differs alone"
+        );
+    }
+}
+
+#[test]
+fn query_rows_that_see_nothing_get_zero_and_minus_infinity() {
+    for splits_forced in [false, true] {
+        let mut case = Case::new(spec(16, 16, &[0, 5, 0, 3000], 2, Mask::Causal));
+        if !splits_forced {
+            case.batch_invariant = true; // single split: stage 1 writes o and lse directly
+        }
+        let Some(run) = gpu::run_case(&case) else {
+            return;
+        };
+        gpu::assert_close(&case, &run);
+        let (h, l) = (16, 512);
+        for row in [0, 1, 4, 5] {
+            assert!(
+                run.lse[row * h..(row + 1) * h]
+                    .iter()
+                    .all(|&x| x == f32::NEG_INFINITY),
+                "row {row}"
+            );
+            assert!(
+                run.o[row * h * l..(row + 1) * h * l]
+                    .iter()
+                    .all(|&x| x == 0.0),
+                "row {row}"
+            );
+        }
+    }
+}
+
+fn gpu_formats() -> impl Strategy<Value = (ModelDtype, KvFormat)> {
+    proptest::sample::select(common::formats())
+}
+
+prop_compose! {
+    fn any_gpu_case()(
+        heads in proptest::sample::select(vec![1usize, 5, 16, 17, 32, 48, 64, 100, 128]),
+        requests in 1usize..=5,
+        q_len in 1usize..=4,
+        page in proptest::sample::select(vec![1usize, 3, 16, 33, 64]),
+        (model, kv) in gpu_formats(),
+        causal in any::<bool>(),
+        window in proptest::option::weighted(0.3, 1usize..3000),
+        batch_invariant in proptest::bool::weighted(0.2),
+        split_q in any::<bool>(),
+        len_draws in proptest::collection::vec(0.0f64..1.0, 5),
+        seed in any::<u64>(),
+    ) -> Case {
+        let max_len = (4_000_000 / (heads * requests * q_len)).clamp(1, 9000);
+        let lens: Vec<usize> = len_draws[..requests].iter().map(|u| (u * max_len as f64) as usize).collect();
+        let mut s = spec(heads, page, &lens, q_len, if causal { Mask::Causal } else { Mask::NonCausal });
+        s.model_dtype = model;
+        s.kv_format = kv;
+        s.k_scale = if kv.is_fp8() { 0.5 } else { 1.0 };
+        s.seed = seed;
+        Case { spec: s, window, batch_invariant, split_q, split_units: None }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_cases_match_the_cpu_and_the_reference(case in any_gpu_case()) {
+        if let Some(run) = gpu::run_case(&case) {
+            for a in [run.vs_reference, run.vs_cpu] {
+                prop_assert!(a.o_rel <= common::O_TOL && a.lse_abs <= common::LSE_TOL, "{:?} for {:#?}", a, case);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_configuration_the_kernels_cannot_take_is_refused_up_front() {
+    let mut cfg = MlaConfig::new(16, 0.1);
+    cfg.kv_lora_rank = 100;
+    match mla::MlaDecode::new(&cfg, mla::Device::Cuda(0)) {
+        Err(mla::Error::InvalidConfig {
+            field: "kv_lora_rank",
+            ..
+        }) => {}
+        Err(e @ mla::Error::NoCudaDevice(_)) => gpu::say_skipped(&e),
+        other => panic!("expected a kv_lora_rank error, got {other:?}"),
+    }
+}

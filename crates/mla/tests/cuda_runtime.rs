@@ -1,0 +1,266 @@
+//! The CUDA backend around the kernels: CUDA-graph capture and replay with changing lengths
+//! and block tables, warmup (forward compiles nothing after it), the device-side error flag,
+//! and the host checks the GPU adds (alignment, device). Skips (saying why) without a GPU.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use common::gpu::{self, DeviceCache, DeviceOutputs, DeviceProblem};
+use common::{Case, LSE_TOL, O_TOL, spec};
+use mla::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use mla::reference;
+use mla::synth::HalfBuf;
+use mla::synth::device::DeviceHalf;
+use mla::synth::{Outputs, Problem};
+use mla::{CacheDtype, DType, DecodeInputs, Error, KvFormat, Mask, ModelDtype, Query, TensorRef};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+
+#[test]
+fn a_captured_decode_replays_with_new_lengths_and_tables() {
+    for (heads, kv) in [(64, KvFormat::Bf16), (16, KvFormat::Fp8E4m3)] {
+        // Shapes fixed at capture: 3 requests x 2 tokens, block tables of up to 4000 keys.
+        let mut s = spec(heads, 16, &[4000, 4000, 4000], 2, Mask::Causal);
+        s.kv_format = kv;
+        s.k_scale = if kv.is_fp8() { 0.5 } else { 1.0 };
+        let case = Case::new(s);
+        let Some(mut dec) = gpu::open(&case.config()) else {
+            return;
+        };
+        let st = gpu::stream(&dec);
+        let mut p = Problem::generate(&case.spec).unwrap();
+        let mut dp = p.to_device(&st).unwrap();
+        let mut out = DeviceOutputs::poisoned(&st, &p).unwrap();
+        dec.reserve_workspace(p.rows(), 8192).unwrap();
+        dec.lock_workspace();
+        let dtype = if kv.is_fp8() {
+            CacheDtype::Fp8E4m3
+        } else {
+            CacheDtype::Auto
+        };
+        let splits = dec
+            .register_decode_warmup(&dp.inputs(&p, false).unwrap().kv_cache, dtype)
+            .unwrap();
+        let workspace = dec.workspace_bytes();
+
+        let graph = {
+            let inputs = dp.inputs(&p, false).unwrap();
+            st.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .unwrap();
+            let captured = dec.forward(&inputs, &mut out.views().unwrap());
+            let graph = st
+                .end_capture(CUgraphInstantiate_flags(0))
+                .unwrap()
+                .expect("a graph");
+            let plan = captured.expect("forward is capturable");
+            assert!(
+                splits.contains(&plan.num_kv_splits),
+                "{splits:?} {}",
+                plan.num_kv_splits
+            );
+            graph
+        };
+
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for lens in [[1000, 300, 4000], [1, 0, 2500], [4000, 4000, 17], [0, 0, 0]] {
+            // New lengths and a new page assignment, written into the captured buffers.
+            p.seq_lens = lens.to_vec();
+            let mut blocks: Vec<i32> = (0..p.num_blocks as i32).collect();
+            blocks.shuffle(&mut rng);
+            p.block_table = blocks[..p.block_table.len()].to_vec();
+            st.memcpy_htod(&p.seq_lens, &mut dp.seq_lens).unwrap();
+            st.memcpy_htod(&p.block_table, &mut dp.block_table).unwrap();
+            out.poison(&st).unwrap();
+            graph.launch().unwrap();
+            dec.check_device_errors().unwrap();
+            let (o, lse) = out.download(&st).unwrap();
+
+            let r = reference::decode_f64(dec.config(), &p.inputs().unwrap(), None).unwrap();
+            let a = r.accuracy(&o, &lse);
+            assert!(
+                a.o_rel <= O_TOL && a.lse_abs <= LSE_TOL,
+                "{lens:?}: {a:?} against the reference"
+            );
+            let (co, cl) = gpu::cpu_outputs(&case, &p, dec.config().sm_count, false);
+            let a = gpu::distance(&o, &lse, &co, &cl, p.rows(), heads, 512);
+            assert!(
+                a.o_rel <= O_TOL && a.lse_abs <= LSE_TOL,
+                "{lens:?}: {a:?} against the CPU backend"
+            );
+        }
+        assert_eq!(
+            dec.workspace_bytes(),
+            workspace,
+            "replays never grow the workspace"
+        );
+    }
+}
+
+#[test]
+fn after_warmup_forward_compiles_nothing() {
+    for (heads, kv, dtype) in [
+        (16, KvFormat::Bf16, CacheDtype::Bf16),
+        (128, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3),
+        (40, KvFormat::Fp8E5m2, CacheDtype::Fp8E5m2),
+    ] {
+        let mut s = spec(heads, 64, &[10], 1, Mask::Causal);
+        s.kv_format = kv;
+        s.k_scale = if kv.is_fp8() { 0.5 } else { 1.0 };
+        let case = Case::new(s);
+        let Some(mut dec) = gpu::open(&case.config()) else {
+            return;
+        };
+        let st = gpu::stream(&dec);
+        dec.reserve_workspace(8, 1 << 16).unwrap();
+        dec.lock_workspace();
+        let p = Problem::generate(&case.spec).unwrap();
+        let dp = p.to_device(&st).unwrap();
+        dec.register_decode_warmup(&dp.inputs(&p, false).unwrap().kv_cache, dtype)
+            .unwrap();
+        let built = dec.cuda_backend().unwrap().builds().len();
+        assert!(built >= 2, "warmup builds stage 1 and the combine");
+        // One split, many splits, multi-token rows: nothing new to build.
+        for (lens, q_len) in [
+            (vec![10], 1),
+            (vec![40_000, 3], 1),
+            (vec![5000, 0, 20_000], 2),
+        ] {
+            let mut s = case.spec.clone();
+            s.seq_lens = lens;
+            s.query_len = q_len;
+            let run = gpu::run_case_on(
+                &mut dec,
+                &Case {
+                    spec: s,
+                    ..case.clone()
+                },
+            );
+            assert!(run.vs_reference.o_rel <= O_TOL);
+        }
+        assert_eq!(
+            dec.cuda_backend().unwrap().builds().len(),
+            built,
+            "forward built a kernel"
+        );
+    }
+}
+
+#[test]
+fn bad_values_raise_the_device_flag_and_are_never_read() {
+    let case = Case::new(spec(16, 16, &[100, 40], 1, Mask::Causal));
+    let Some(mut dec) = gpu::open(&case.config()) else {
+        return;
+    };
+    let st = gpu::stream(&dec);
+    let p = Problem::generate(&case.spec).unwrap();
+    let capacity = (p.max_blocks * 16) as i32;
+    let bad_block = |b: i32| {
+        let mut t = p.block_table.clone();
+        t[1] = b;
+        (t, p.seq_lens.clone())
+    };
+    let cases: Vec<(Vec<i32>, Vec<i32>, u32)> = vec![
+        (bad_block(-1).0, bad_block(-1).1, 4),
+        (bad_block(p.num_blocks as i32).0, p.seq_lens.clone(), 4),
+        (bad_block(i32::MAX).0, p.seq_lens.clone(), 4),
+        (p.block_table.clone(), vec![capacity + 50, 40], 2),
+        (p.block_table.clone(), vec![-3, 40], 1),
+    ];
+    for (table, lens, bit) in cases {
+        let mut dp = p.to_device(&st).unwrap();
+        st.memcpy_htod(&table, &mut dp.block_table).unwrap();
+        st.memcpy_htod(&lens, &mut dp.seq_lens).unwrap();
+        let mut out = DeviceOutputs::poisoned(&st, &p).unwrap();
+        dec.forward(&dp.inputs(&p, false).unwrap(), &mut out.views().unwrap())
+            .expect("forward itself does not wait");
+        match dec.check_device_errors() {
+            Err(Error::DeviceCheck { bits }) => assert_eq!(bits & bit, bit, "bits {bits:#x}"),
+            other => panic!("expected the device flag for {bit}, got {other:?}"),
+        }
+        // The flag is cleared: a clean decode checks clean.
+        let dp = p.to_device(&st).unwrap();
+        dec.forward(&dp.inputs(&p, false).unwrap(), &mut out.views().unwrap())
+            .unwrap();
+        dec.check_device_errors().unwrap();
+    }
+}
+
+#[test]
+fn misaligned_and_host_tensors_are_refused() {
+    let case = Case::new(spec(16, 16, &[100, 40], 1, Mask::Causal));
+    let Some(mut dec) = gpu::open(&case.config()) else {
+        return;
+    };
+    let st = gpu::stream(&dec);
+    let p = Problem::generate(&case.spec).unwrap();
+    let dp = p.to_device(&st).unwrap();
+    let mut out = DeviceOutputs::poisoned(&st, &p).unwrap();
+    let good = dp.inputs(&p, false).unwrap();
+
+    // A token stride of 580 bf16 values: rows not 16-byte aligned.
+    let kv = dp_kv_with_strides(&dp, &p, [16 * 580, 580, 1]);
+    let e = dec
+        .forward(
+            &DecodeInputs {
+                kv_cache: kv,
+                ..good
+            },
+            &mut out.views().unwrap(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Stride {
+                arg: "kv_cache",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("16 bytes"), "{e}");
+    // q starting one element into a buffer.
+    let shifted = DeviceHalf::upload(
+        &st,
+        &HalfBuf::new(ModelDtype::Bf16, (0..2 * 16 * 576 + 8).map(|_| 0.5)),
+    )
+    .unwrap();
+    let flat = shifted.flat().unwrap();
+    let q = flat.sub_view(1, [2, 16, 576], [16 * 576, 576, 1]).unwrap();
+    let e = dec
+        .forward(
+            &DecodeInputs {
+                q: Query::Packed(q),
+                ..good
+            },
+            &mut out.views().unwrap(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::Stride { arg: "q", .. }), "{e}");
+    // Host tensors on a GPU decoder.
+    let e = dec
+        .forward(&p.inputs().unwrap(), &mut out.views().unwrap())
+        .unwrap_err();
+    assert!(matches!(e, Error::WrongDevice { .. }), "{e}");
+    let mut host_out = Outputs::poisoned(&p);
+    let e = dec
+        .forward(&good, &mut host_out.views().unwrap())
+        .unwrap_err();
+    assert!(e.to_string().contains("expected a tensor on cuda:0"), "{e}");
+}
+
+/// The problem's cache viewed with other strides (the buffer is large enough for them).
+fn dp_kv_with_strides<'a>(
+    dp: &'a DeviceProblem,
+    p: &Problem,
+    strides: [usize; 3],
+) -> TensorRef<'a, 3> {
+    let shape = [p.num_blocks / 2, 16, 576];
+    match &dp.kv {
+        DeviceCache::Half(h) => h.flat().unwrap().sub_view(0, shape, strides).unwrap(),
+        DeviceCache::Fp8(b, _) => TensorRef::from_cuda(b, shape, strides)
+            .unwrap()
+            .view_as(DType::F8E4M3)
+            .unwrap(),
+    }
+}

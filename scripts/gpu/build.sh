@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds, on this (CPU) machine, everything the GPU machine runs, into gpu-bin/ (ignored):
+#   gpu-bin/mla            the CLI (release)
+#   gpu-bin/tests/<name>   the release test binaries that touch the GPU
+# and copies the side-by-side benchmark script next to the anchors if they were fetched
+# (../shared/bench/fetch-anchors.sh .anchors). Then run, through the device tool:
+#   scripts/gpu/run.sh all        (carry: gpu-bin, .anchors)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+out=gpu-bin
+rm -rf "$out"
+mkdir -p "$out/tests"
+
+cargo build --release -p mla-cli
+cp target/release/mla "$out/mla"
+
+# The test binaries, by name (cargo prints their paths as JSON).
+cargo test --release -p mla --tests --no-run --message-format=json 2>/dev/null |
+  python3 -c '
+import json, sys, shutil
+want = {"cuda_contract", "cuda_runtime", "cuda_sanitize", "cpu_contract"}
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
+        shutil.copy(m["executable"], sys.argv[1] + "/" + m["target"]["name"])
+        print("test binary:", m["target"]["name"])
+' "$out/tests"
+
+strip --strip-debug "$out/mla" "$out"/tests/* 2>/dev/null || true
+if [ -d .anchors ] && [ -f ../shared/bench/anchors.py ]; then
+  cp ../shared/bench/anchors.py .anchors/
+fi
+du -sh "$out" .anchors 2>/dev/null || du -sh "$out"
