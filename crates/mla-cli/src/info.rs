@@ -33,14 +33,22 @@ pub fn run(args: &InfoArgs) -> Result<(), mla::Error> {
         dec.backend_name(),
         dec.device()
     );
-    println!("num_kv_splits (vLLM's rule, at most 2 x {units}):");
+    println!(
+        "num_kv_splits ({:?}, {units} SMs or threads):",
+        dec.config().split_rule
+    );
     let row = |f: &dyn Fn(usize) -> usize| {
         LENGTHS
             .iter()
             .map(|&l| format!("{:>9}", f(l)))
             .collect::<String>()
     };
-    println!("  max_kv_len{}", row(&|l| l));
-    println!("  splits    {}", row(&|l| dec.num_kv_splits(l)));
+    println!("  max_kv_len {}", row(&|l| l));
+    for rows in [1, 8, 64] {
+        println!(
+            "  {rows:>3} rows   {}",
+            row(&|l| dec.num_kv_splits(l, rows))
+        );
+    }
     Ok(())
 }

@@ -7,6 +7,7 @@
 
 use crate::dtype::{CacheDtype, KvFormat, ModelDtype};
 use crate::error::{Capability, Error, Result};
+use crate::plan::SplitRule;
 
 /// vLLM's attention types; mla implements decoder self-attention only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -104,9 +105,9 @@ pub struct MlaConfig {
     pub alibi_slopes: Option<Vec<f32>>,
     /// Rejected unless None or 0 (vLLM's `logits_soft_cap`).
     pub logits_soft_cap: Option<f32>,
-    /// The SM count the split rule uses (`num_kv_splits <= 2 * split_units`). None: the GPU's
-    /// SMs, or the CPU's threads. Set it to a GPU's SM count to make the CPU backend split
-    /// exactly as that GPU does.
+    /// The SM count the split rule uses. None: the GPU's SMs, or the CPU's threads. Set it to
+    /// a GPU's SM count to make the CPU backend split exactly as vLLM's Triton kernel does on
+    /// that GPU.
     pub split_units: Option<usize>,
 }
 
@@ -169,6 +170,15 @@ impl MlaConfig {
             DeviceInfo::Cpu { threads } => *threads,
             DeviceInfo::Cuda { sm_count, .. } => *sm_count,
         });
+        // The CPU backend is the reference: vLLM's rule. The GPU fills its SMs (two work
+        // items each), with splits of at least 128 keys (four tiles of the mma kernel).
+        let split_rule = match device {
+            DeviceInfo::Cpu { .. } => SplitRule::Vllm { sm_count },
+            DeviceInfo::Cuda { .. } => SplitRule::Fill {
+                target: 2 * sm_count,
+                min_keys: 128,
+            },
+        };
         Ok(ValidConfig {
             num_heads: self.num_heads,
             q_heads: self.num_heads * self.dcp_world_size,
@@ -182,6 +192,7 @@ impl MlaConfig {
             batch_invariant: self.batch_invariant,
             dcp_world_size: self.dcp_world_size,
             sm_count,
+            split_rule,
         })
     }
 
@@ -296,12 +307,29 @@ pub struct ValidConfig {
     pub dcp_world_size: usize,
     /// SMs (or CPU threads, or the `split_units` override) for the split rule.
     pub sm_count: usize,
+    /// How rows are cut into splits (vLLM's rule on the CPU, filling the SMs on a GPU).
+    pub split_rule: SplitRule,
 }
 
 impl ValidConfig {
     /// Row width D = L + R.
     pub fn head_dim(&self) -> usize {
         self.kv_lora_rank + self.rope_dim
+    }
+
+    /// The longest span a row can attend to for a batch whose longest length is `max_seq`.
+    pub fn span(&self, max_seq: usize) -> usize {
+        self.sliding_window.map_or(max_seq, |w| max_seq.min(w))
+    }
+
+    /// Splits per row for `rows` query rows whose longest length is `max_seq` (1 in
+    /// batch-invariant mode).
+    pub fn splits(&self, max_seq: usize, rows: usize) -> usize {
+        if self.batch_invariant {
+            return 1;
+        }
+        self.split_rule
+            .splits(self.span(max_seq), rows, self.q_heads)
     }
 }
 

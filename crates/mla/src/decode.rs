@@ -7,7 +7,7 @@ use crate::backend::{Backend, Device};
 use crate::config::{DeviceInfo, MlaConfig, ValidConfig};
 use crate::dtype::CacheDtype;
 use crate::error::{Error, Result};
-use crate::plan::{self, DecodePlan, WorkspaceManager};
+use crate::plan::{self, DecodePlan, SplitRule, WorkspaceManager};
 use crate::tensor::{Location, TensorRef};
 
 /// An MLA decoder: a validated configuration, a backend and its workspace.
@@ -120,17 +120,11 @@ impl MlaDecode {
         self.backend.check_errors()
     }
 
-    /// The split count the seed's rule gives for a batch whose longest span is `max_kv_len`
-    /// (clamped to the window; 1 in batch-invariant mode).
-    pub fn num_kv_splits(&self, max_kv_len: usize) -> usize {
-        if self.config.batch_invariant {
-            return 1;
-        }
-        let span = self
-            .config
-            .sliding_window
-            .map_or(max_kv_len, |w| max_kv_len.min(w));
-        plan::num_kv_splits(span, self.config.sm_count)
+    /// The split count a batch of `rows` query rows whose longest length is `max_kv_len` gets
+    /// (vLLM's rule on the CPU, the fill rule on a GPU; clamped to the window; 1 in
+    /// batch-invariant mode).
+    pub fn num_kv_splits(&self, max_kv_len: usize, rows: usize) -> usize {
+        self.config.splits(max_kv_len, rows)
     }
 
     /// Reserves the workspace for the worst case: `max_rows` query rows (max sequences times
@@ -140,13 +134,15 @@ impl MlaDecode {
     /// [`Error::WorkspaceLocked`] if that needs more than a locked workspace holds;
     /// [`Error::Overflow`].
     pub fn reserve_workspace(&mut self, max_rows: usize, max_model_len: usize) -> Result<()> {
-        let splits = self.num_kv_splits(max_model_len);
-        let (_, bytes) = plan::decode_workspace(
-            max_rows,
-            self.config.q_heads,
-            splits,
-            self.config.kv_lora_rank,
-        )?;
+        let c = &self.config;
+        let row_splits = if c.batch_invariant {
+            max_rows
+        } else {
+            c.split_rule
+                .max_row_splits(max_rows, c.span(max_model_len), c.q_heads)
+        };
+        // The views are sized by rows x splits, so one "row" of that many splits is the worst.
+        let (_, bytes) = plan::decode_workspace(row_splits, c.q_heads, 1, c.kv_lora_rank)?;
         self.grow_workspace(bytes)?;
         self.max_model_len = Some(
             self.max_model_len
@@ -173,12 +169,22 @@ impl MlaDecode {
         let max = self
             .max_model_len
             .ok_or(Error::NotReserved("register_decode_warmup"))?;
-        let span = self.config.sliding_window.map_or(max, |w| max.min(w));
-        Ok(plan::warmup_split_counts(
-            span,
-            self.config.sm_count,
-            self.config.batch_invariant,
-        ))
+        let c = &self.config;
+        Ok(match c.split_rule {
+            SplitRule::Vllm { sm_count } => {
+                plan::warmup_split_counts(c.span(max), sm_count, c.batch_invariant)
+            }
+            // The GPU kernels take the split count as an argument: every count up to the most
+            // a batch can get is served by the same kernels.
+            SplitRule::Fill { .. } => {
+                let most = if c.batch_invariant {
+                    1
+                } else {
+                    c.splits(max, 1)
+                };
+                (1..=most).collect()
+            }
+        })
     }
 
     /// Prepares every variant forward can pick for this cache (its dtype, page size and

@@ -86,8 +86,10 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid)
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
-__device__ __forceinline__ void cp_async_wait_all() {
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
+/// Waits until at most N of the committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 /// Four 8x8 b16 matrices from shared memory (lane i addresses row i % 8 of matrix i / 8).

@@ -9,10 +9,13 @@
  * phase a warp owns BN / 4 keys of the tile; in the value phase it owns L / 4 output columns.
  * The schedule, numbered as in NOTES.md:
  *   1. q of the CTA's heads -> shared memory, once (cp.async);
- *   2. tile t + 1 of keys -> shared memory (cp.async) while tile t is computed;
+ *   2. keys -> shared memory (cp.async) STAGES - 1 tiles ahead of the tile being computed,
+ *      from byte offsets computed a tile earlier (tile t + STAGES's block ids are read during
+ *      tile t, so no load waits on the block table);
  *   3. (caches not in the model dtype) staged tile -> model-dtype tile (fp8 into a tile of
  *      its own, the other 16-bit type in place);
- *   4. S = Q K^T for the warp's keys, scaled to base 2, masked past the split's end;
+ *   4. S = Q K^T for the warp's keys (four independent accumulator chains), scaled to base 2,
+ *      masked past the split's end;
  *   5. tile row max across the 4 warps of a row group (shared memory), running max m,
  *      P = 2^(S - m) rounded to the model dtype -> shared memory, row sums of unrounded P;
  *   6. O = O * 2^(m_old - m) + P V for the warp's columns (V = the tile's first L columns);
@@ -25,6 +28,7 @@
  *   MLA_KV         0: cache in the model dtype; 1: the other 16-bit type; 2: fp8 e4m3; 3: fp8 e5m2
  *   MLA_MW         row groups per CTA: ROWS = 16 * MW heads
  *   MLA_BN         keys per tile (a multiple of 32)
+ *   MLA_STAGES     tiles in the shared-memory ring (2 or more): STAGES - 1 tiles in flight
  */
 #include "common/fp8.cuh"
 #include "common/ptx.cuh"
@@ -41,6 +45,7 @@ constexpr int D = L + R;
 constexpr int MW = MLA_MW;
 constexpr int ROWS = 16 * MW;
 constexpr int BN = MLA_BN;
+constexpr int STAGES = MLA_STAGES;
 constexpr int NW = 4;                       // warps per row group
 constexpr int THREADS = 32 * NW * MW;
 constexpr int DP = D + 8;                   // padded shared row: 8 rows hit 8 distinct 16-byte bank groups
@@ -59,27 +64,34 @@ constexpr int Q_BYTES = ROWS * DP * 2;
 constexpr int KT_BYTES = FP8 ? BN * DP * 2 : 0;             // the converted fp8 tile
 constexpr int P_BYTES = ROWS * BNP * 2;
 constexpr int RED_BYTES = MW * NW * 16 * 4;
+constexpr int OFF_BYTES = STAGES * BN * 8;   // byte offsets of STAGES tiles' keys (-1: not read)
+constexpr int S_CHAINS = 4;                  // independent accumulators in the score phase
 constexpr float LN2 = 0.69314718055994530942f;
 
 static_assert(L % 64 == 0 && R % 16 == 0, "L must be a multiple of 64 and R of 16");
 static_assert(BN % 32 == 0, "BN must be a multiple of 32");
+static_assert(STAGES >= 2, "at least two stages");
 static_assert((D * KV_ELEM) % 16 == 0, "cache rows must be whole 16-byte chunks");
 
 struct Smem {
     unsigned char* base;
     __device__ u16* q() const { return (u16*)base; }
     __device__ unsigned char* stage(int s) const { return base + Q_BYTES + s * STAGE_BYTES; }
-    __device__ u16* kt() const { return (u16*)(base + Q_BYTES + 2 * STAGE_BYTES); }
-    __device__ u16* p() const { return (u16*)(base + Q_BYTES + 2 * STAGE_BYTES + KT_BYTES); }
+    __device__ u16* kt() const { return (u16*)(base + Q_BYTES + STAGES * STAGE_BYTES); }
+    __device__ u16* p() const { return (u16*)(base + Q_BYTES + STAGES * STAGE_BYTES + KT_BYTES); }
     __device__ float* red() const {
-        return (float*)(base + Q_BYTES + 2 * STAGE_BYTES + KT_BYTES + P_BYTES);
+        return (float*)(base + Q_BYTES + STAGES * STAGE_BYTES + KT_BYTES + P_BYTES);
+    }
+    __device__ i64* offsets(int s) const {
+        return (i64*)(base + Q_BYTES + STAGES * STAGE_BYTES + KT_BYTES + P_BYTES + RED_BYTES) + s * BN;
     }
 };
 
 }  // namespace
 
 /// Shared memory the kernel needs, read by the host through the symbol below.
-extern "C" __constant__ int mla_decode_smem_bytes = Q_BYTES + 2 * STAGE_BYTES + KT_BYTES + P_BYTES + RED_BYTES;
+extern "C" __constant__ int mla_decode_smem_bytes =
+    Q_BYTES + STAGES * STAGE_BYTES + KT_BYTES + P_BYTES + RED_BYTES + OFF_BYTES;
 
 namespace {
 
@@ -100,33 +112,40 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, in
     }
 }
 
-/// Step 2: keys [first, first + BN) of request `req` into stage `s`. A warp takes one key at a
-/// time and its lanes the key's 16-byte chunks. Keys at or past `end`, and keys whose page is
-/// outside the block table or the cache, are zero-filled and never read; the latter two raise
-/// the error flag.
-__device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, int req, int first, int end,
-                                          int s) {
+/// Step 2a: the block id of key `pos` of request `req`; NO_KEY when the key is past `end` or
+/// its page lies outside the block table. Issued a tile ahead of its use, so the load's
+/// latency hides behind a tile of work.
+constexpr i64 NO_KEY = -(1ll << 40);  // not an i32: any table entry stays distinguishable
+__device__ __forceinline__ i64 block_of(const DecodeParams& p, int req, int pos, int end) {
+    if (pos >= end) return NO_KEY;
+    const int page = pos / p.page_size;
+    if (page >= p.max_blocks) return NO_KEY;  // past the table: the row-level check raised the flag
+    return p.block_table[req * p.block_table_stride + page];
+}
+
+/// Step 2b: the byte offset of key `pos` in the cache, or -1 (never read) when there is no
+/// such key or its block id is outside the cache, which raises the error flag.
+__device__ __forceinline__ i64 key_offset(const DecodeParams& p, int pos, i64 block) {
+    if (block == NO_KEY) return -1;
+    if (block < 0 || block >= p.num_blocks) {
+        raise_error(p, MLA_ERR_BAD_BLOCK);
+        return -1;
+    }
+    const int slot = pos - (pos / p.page_size) * p.page_size;
+    return (block * p.page_stride + (i64)slot * p.token_stride) * KV_ELEM;
+}
+
+/// Step 2c: a tile of keys into stage `s`, from the offsets computed a tile earlier. A warp
+/// takes one key at a time and its lanes the key's 16-byte chunks; keys without an offset are
+/// zero-filled and never read.
+__device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, const i64* offsets, int s) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     unsigned char* stage = sm.stage(s);
     for (int j = warp; j < BN; j += THREADS / 32) {
-        const int pos = first + j;
-        const unsigned char* src = (const unsigned char*)p.kv;
-        bool valid = false;
-        if (pos < end) {
-            const int page = pos / p.page_size;
-            if (page < p.max_blocks) {
-                const int block = p.block_table[req * p.block_table_stride + page];
-                if (block >= 0 && block < p.num_blocks) {
-                    const i64 elem = block * p.page_stride + (i64)(pos - page * p.page_size) * p.token_stride;
-                    src += elem * KV_ELEM;
-                    valid = true;
-                } else if (lane == 0) {
-                    raise_error(p, MLA_ERR_BAD_BLOCK);
-                }
-            }
-        }
+        const i64 off = offsets[j];
+        const unsigned char* src = (const unsigned char*)p.kv + (off < 0 ? 0 : off);
         for (int k = lane; k < CHUNKS; k += 32) {
-            cp_async16(smem_addr(stage + j * STAGE_ROW + k * 16), src + (valid ? k * 16 : 0), valid);
+            cp_async16(smem_addr(stage + j * STAGE_ROW + k * 16), src + (off < 0 ? 0 : k * 16), off >= 0);
         }
     }
 }
@@ -185,9 +204,22 @@ extern "C" __global__ void __launch_bounds__(THREADS) mla_decode_split(const Dec
     const int req = row / p.query_len;
     const int tiles = (keys.end - keys.start + BN - 1) / BN;
 
+    // Offsets of tiles 0 .. STAGES - 1 now; from then on the block ids of tile t + STAGES are
+    // read during tile t (into `next_block`) and turned into offsets at the end of it.
+    const int tid = threadIdx.x;
+    if (tid < BN) {
+        for (int t = 0; t < STAGES; ++t) {
+            const int pos = keys.start + t * BN + tid;
+            sm.offsets(t)[tid] = key_offset(p, pos, block_of(p, req, pos, keys.end));
+        }
+    }
     load_q(p, sm, row, head0);
-    load_tile(p, sm, req, keys.start, keys.end, 0);
-    cp_async_commit();
+    __syncthreads();
+    // Tiles 0 .. STAGES - 2 in flight, one commit group each (q joins tile 0's).
+    for (int t = 0; t < STAGES - 1; ++t) {
+        if (t < tiles) load_tile(p, sm, sm.offsets(t), t);
+        cp_async_commit();
+    }
 
     float o[NT_O][4];
 #pragma unroll
@@ -201,33 +233,54 @@ extern "C" __global__ void __launch_bounds__(THREADS) mla_decode_split(const Dec
 
     for (int t = 0; t < tiles; ++t) {
         const int first = keys.start + t * BN;
-        cp_async_wait_all();
-        __syncthreads();  // tile t landed; every warp is done with tile t - 1
-        if (t + 1 < tiles) load_tile(p, sm, req, first + BN, keys.end, (t + 1) & 1);
+        const int st = t % STAGES;
+        cp_async_wait_group<STAGES - 2>();  // tile t landed (the newer STAGES - 2 may fly on)
+        __syncthreads();                     // ... for every thread; all are done with tile t - 1
+        const int issue = t + STAGES - 1;    // into the stage tile t - 1 used
+        if (issue < tiles) load_tile(p, sm, sm.offsets(issue % STAGES), issue % STAGES);
         cp_async_commit();
+        const int ahead = first + STAGES * BN + tid;  // the key whose block id this thread reads now
+        const i64 next_block = tid < BN ? block_of(p, req, ahead, keys.end) : NO_KEY;
 
-        const u16* kt = (const u16*)sm.stage(t & 1);
+        const u16* kt = (const u16*)sm.stage(st);
         if (CONVERT) {
-            kt = convert_tile(sm, t & 1, p.k_scale);
+            kt = convert_tile(sm, st, p.k_scale);
             __syncthreads();
         }
 
-        // 4. S = Q K^T for keys wc * KEYS_W .. + KEYS_W of the tile.
-        float s[NT_S][4];
+        // 4. S = Q K^T for keys wc * KEYS_W .. + KEYS_W of the tile, in S_CHAINS independent
+        //    accumulators (one dependent chain of D / 16 mma would leave the tensor core idle).
+        float sc[S_CHAINS][NT_S][4];
 #pragma unroll
-        for (int n = 0; n < NT_S; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        for (int a = 0; a < S_CHAINS; ++a)
+#pragma unroll
+            for (int n = 0; n < NT_S; ++n) sc[a][n][0] = sc[a][n][1] = sc[a][n][2] = sc[a][n][3] = 0.0f;
         const u32 k_lane = smem_addr(kt + (wc * KEYS_W + lane % 8) * DP + ((lane / 8) % 2) * 8);
-#pragma unroll 4
-        for (int kk = 0; kk < D / 16; ++kk) {
-            u32 a[4];
-            ldmatrix_x4(a, q_lane + kk * 32);
+#pragma unroll 2
+        for (int k0 = 0; k0 < D / 16; k0 += S_CHAINS) {
 #pragma unroll
-            for (int n = 0; n < NT_S; ++n) {
-                u32 b[2];
-                ldmatrix_x2(b, k_lane + n * 8 * DP * 2 + kk * 32);
-                mma_16816<BF16>(s[n], a, b[0], b[1]);
+            for (int a = 0; a < S_CHAINS; ++a) {
+                if ((D / 16) % S_CHAINS != 0 && k0 + a >= D / 16) break;
+                u32 qa[4];
+                ldmatrix_x4(qa, q_lane + (k0 + a) * 32);
+#pragma unroll
+                for (int n = 0; n < NT_S; ++n) {
+                    u32 b[2];
+                    ldmatrix_x2(b, k_lane + n * 8 * DP * 2 + (k0 + a) * 32);
+                    mma_16816<BF16>(sc[a][n], qa, b[0], b[1]);
+                }
             }
         }
+        float s[NT_S][4];
+#pragma unroll
+        for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = 0.0f;
+#pragma unroll
+                for (int a = 0; a < S_CHAINS; ++a) x += sc[a][n][e];
+                s[n][e] = x;
+            }
 
         // 5. scale to base 2, mask past the end, tile max across the row group's warps.
         float mx[2] = {bits_to_float(0xff800000u), bits_to_float(0xff800000u)};
@@ -291,6 +344,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) mla_decode_split(const Dec
                 mma_16816<BF16>(o[2 * n + 1], a, b[2], b[3]);
             }
         }
+        // Tile t + STAGES's offsets go where tile t's were (issued STAGES - 1 iterations ago);
+        // the next iteration's barrier publishes them.
+        if (tid < BN) sm.offsets(st)[tid] = key_offset(p, ahead, next_block);
     }
 
     // 7. row sums across the quad and the row group's warps, then O / l and the LSE.

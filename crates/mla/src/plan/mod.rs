@@ -14,7 +14,7 @@ pub mod splits;
 pub mod workspace;
 
 pub use extents::{KeyRange, Mask, key_range};
-pub use splits::{num_kv_splits, split_range, warmup_split_counts};
+pub use splits::{SplitRule, num_kv_splits, split_range, warmup_split_counts};
 pub use workspace::{Region, WorkspaceManager};
 
 use crate::args::{DecodeInputs, DecodeOutputs, Query};
@@ -75,7 +75,7 @@ pub struct DecodePlan {
     pub kv_format: KvFormat,
     /// Scale of an fp8 cache (1 otherwise).
     pub k_scale: f32,
-    /// Splits per row (the seed's rule, 1 in batch-invariant mode).
+    /// Splits per row (the configuration's rule, 1 in batch-invariant mode).
     pub num_kv_splits: usize,
     /// q geometry.
     pub q: QueryLayout,
@@ -336,12 +336,7 @@ impl DecodePlan {
                     "a decode with seq_lens on the device and no max_seq_len",
                 ))?;
 
-        let num_kv_splits = if cfg.batch_invariant {
-            1
-        } else {
-            let span = cfg.sliding_window.map_or(max_seq, |w| max_seq.min(w));
-            num_kv_splits(span, cfg.sm_count)
-        };
+        let num_kv_splits = cfg.splits(max_seq, rows);
         let (workspace, workspace_bytes) = decode_workspace(rows, h, num_kv_splits, l)?;
 
         Ok(DecodePlan {

@@ -1,13 +1,72 @@
 //! Split-KV: how many splits a batch uses and which keys each split of a row covers.
 //!
-//! The rule is vLLM's (`_compute_num_kv_splits`): one split per 512 keys of the batch's
-//! longest span, rounded up to a power of two, at most two per SM; one split in
-//! batch-invariant mode. The CPU backend follows it exactly so that it stays the reference.
+//! Two rules ([`SplitRule`]):
+//! - vLLM's (`_compute_num_kv_splits`): one split per 512 keys of the batch's longest span,
+//!   rounded up to a power of two, at most two per SM. The CPU backend follows it exactly so
+//!   that it stays the reference.
+//! - Fill, for the GPU: enough splits that the batch gives every SM work (a batch of one
+//!   request under vLLM's rule occupies 2 to 16 of 132 SMs), each split keeping enough keys
+//!   to amortize its fixed costs. Where the splits fall never changes which keys a row sees.
+//!
+//! Batch-invariant mode uses one split under either rule.
 
 use super::extents::KeyRange;
 
-/// Keys per split that the rule aims at.
+/// Keys per split that vLLM's rule aims at.
 const KEYS_PER_SPLIT: usize = 512;
+
+/// How a backend cuts each row's keys into splits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitRule {
+    /// vLLM's rule with this SM count: `min(next_pow2(max(1, len / 512)), 2 * sm_count)`.
+    Vllm {
+        /// SMs (or CPU threads).
+        sm_count: usize,
+    },
+    /// `ceil(target / work)` splits, where work = rows x ceil(heads / 64) (the CTAs a split
+    /// count of one gives), and at most `ceil(len / min_keys)`.
+    Fill {
+        /// Work items to aim at (a multiple of the SM count).
+        target: usize,
+        /// Fewest keys a split should hold.
+        min_keys: usize,
+    },
+}
+
+impl SplitRule {
+    /// The split count of a batch of `rows` query rows and `heads` heads whose longest span
+    /// is `max_kv_len`.
+    pub fn splits(self, max_kv_len: usize, rows: usize, heads: usize) -> usize {
+        match self {
+            SplitRule::Vllm { sm_count } => num_kv_splits(max_kv_len, sm_count),
+            SplitRule::Fill { target, min_keys } => {
+                let work = rows.max(1) * heads.div_ceil(64).max(1);
+                let cap = max_kv_len.div_ceil(min_keys.max(1)).max(1);
+                target.div_ceil(work).clamp(1, cap)
+            }
+        }
+    }
+
+    /// The most `rows x splits` any batch of at most `max_rows` rows over at most
+    /// `max_kv_len` keys can need: what the workspace is reserved for.
+    pub fn max_row_splits(self, max_rows: usize, max_kv_len: usize, heads: usize) -> usize {
+        match self {
+            SplitRule::Vllm { .. } => {
+                max_rows.saturating_mul(self.splits(max_kv_len, max_rows, heads))
+            }
+            // rows x ceil(target / work) shrinks as rows grow, but not monotonically: try
+            // every count up to where one split per row is all that is left.
+            SplitRule::Fill { target, .. } => {
+                let bound = max_rows.min(target.saturating_add(1));
+                let most = (1..=bound)
+                    .map(|r| r * self.splits(max_kv_len, r, heads))
+                    .max()
+                    .unwrap_or(0);
+                most.max(max_rows)
+            }
+        }
+    }
+}
 
 /// `min(next_pow2(max(1, max_kv_len / 512)), 2 * sm_count)`, at least 1.
 pub fn num_kv_splits(max_kv_len: usize, sm_count: usize) -> usize {
@@ -46,6 +105,51 @@ pub fn split_range(row: KeyRange, s: usize, splits: usize) -> KeyRange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fill_rule_gives_small_batches_many_splits() {
+        let rule = SplitRule::Fill {
+            target: 264,
+            min_keys: 128,
+        };
+        assert_eq!(rule.splits(1024, 1, 16), 8); // capped by keys: 1024 / 128
+        assert_eq!(rule.splits(8192, 1, 16), 64);
+        assert_eq!(rule.splits(32768, 4, 16), 66);
+        assert_eq!(rule.splits(32768, 4, 128), 33); // two 64-head tiles per row
+        assert_eq!(rule.splits(4096, 128, 16), 3);
+        assert_eq!(rule.splits(4096, 512, 16), 1);
+        assert_eq!(rule.splits(0, 1, 16), 1);
+        let vllm = SplitRule::Vllm { sm_count: 132 };
+        assert_eq!(vllm.splits(8192, 1, 16), 16);
+    }
+
+    #[test]
+    fn reservations_cover_every_batch() {
+        for rule in [
+            SplitRule::Fill {
+                target: 264,
+                min_keys: 128,
+            },
+            SplitRule::Vllm { sm_count: 132 },
+        ] {
+            for (max_rows, max_len, heads) in [
+                (1, 1024, 16),
+                (256, 163_840, 128),
+                (7, 100, 3),
+                (1000, 8192, 16),
+            ] {
+                let reserved = rule.max_row_splits(max_rows, max_len, heads);
+                for rows in 1..=max_rows {
+                    for len in [0, 1, max_len / 3, max_len] {
+                        assert!(
+                            rows * rule.splits(len, rows, heads) <= reserved,
+                            "{rule:?} {rows} {len}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn split_count_follows_vllm() {
