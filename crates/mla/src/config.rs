@@ -170,13 +170,16 @@ impl MlaConfig {
             DeviceInfo::Cpu { threads } => *threads,
             DeviceInfo::Cuda { sm_count, .. } => *sm_count,
         });
-        // The CPU backend is the reference: vLLM's rule. The GPU fills its SMs (two work
-        // items each), with splits of at least 128 keys (four tiles of the mma kernel).
+        // The CPU backend is the reference: vLLM's rule. The GPU aims at eight work items per
+        // SM (four waves of two CTAs: equal items leave a short tail) with splits of at least
+        // 128 keys (four tiles of the mma kernel, which amortize loading q) and at most 64 per
+        // row (the combine walks them in order).
         let split_rule = match device {
             DeviceInfo::Cpu { .. } => SplitRule::Vllm { sm_count },
             DeviceInfo::Cuda { .. } => SplitRule::Fill {
-                target: 2 * sm_count,
+                target: 8 * sm_count,
                 min_keys: 128,
+                max_splits: 64,
             },
         };
         Ok(ValidConfig {

@@ -35,25 +35,41 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode_combine(const Decod
 #pragma unroll
     for (int j = 0; j < PER_LANE; ++j) acc[j] = {0.0f, 0.0f, 0.0f, 0.0f};
     float m = bits_to_float(0xff800000u), sum = 0.0f;  // m in base 2
-    for (int s = 0; s < splits; ++s) {
-        const KeyRange k = split_keys(keys, s, splits);
-        if (k.start >= k.end) continue;
-        const i64 at = ((i64)row * splits + s) * p.heads + head;
-        const float lse_s = p.part_lse[at] * LOG2E;
-        const float m_new = fmaxf(m, lse_s);
-        const float old = exp2_approx(m - m_new);
-        const float w = exp2_approx(lse_s - m_new);
-        const f32x4* part = (const f32x4*)(p.part_o + at * L);
+    // Splits go in batches of BATCH: their loads are issued together, so the walk pays one
+    // memory latency per batch, not per split. The merge itself stays in ascending order.
+    constexpr int BATCH = 4;
+    for (int s0 = 0; s0 < splits; s0 += BATCH) {
+        float lse_s[BATCH];
+        f32x4 x[BATCH][PER_LANE];
 #pragma unroll
-        for (int j = 0; j < PER_LANE; ++j) {
-            const f32x4 x = part[lane + 32 * j];
-            acc[j].x = acc[j].x * old + w * x.x;
-            acc[j].y = acc[j].y * old + w * x.y;
-            acc[j].z = acc[j].z * old + w * x.z;
-            acc[j].w = acc[j].w * old + w * x.w;
+        for (int b = 0; b < BATCH; ++b) {
+            const int s = s0 + b;
+            const KeyRange k = split_keys(keys, s, splits);
+            lse_s[b] = bits_to_float(0xff800000u);  // an empty or missing split weighs 0
+            if (s < splits && k.start < k.end) {
+                const i64 at = ((i64)row * splits + s) * p.heads + head;
+                lse_s[b] = p.part_lse[at] * LOG2E;
+                const f32x4* part = (const f32x4*)(p.part_o + at * L);
+#pragma unroll
+                for (int j = 0; j < PER_LANE; ++j) x[b][j] = part[lane + 32 * j];
+            }
         }
-        sum = sum * old + w;
-        m = m_new;
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            if (lse_s[b] == bits_to_float(0xff800000u)) continue;  // skipped, never read
+            const float m_new = fmaxf(m, lse_s[b]);
+            const float old = exp2_approx(m - m_new);
+            const float w = exp2_approx(lse_s[b] - m_new);
+#pragma unroll
+            for (int j = 0; j < PER_LANE; ++j) {
+                acc[j].x = acc[j].x * old + w * x[b][j].x;
+                acc[j].y = acc[j].y * old + w * x[b][j].y;
+                acc[j].z = acc[j].z * old + w * x[b][j].z;
+                acc[j].w = acc[j].w * old + w * x[b][j].w;
+            }
+            sum = sum * old + w;
+            m = m_new;
+        }
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     u16* out = (u16*)p.o + row * p.o_row + head * p.o_head;

@@ -135,17 +135,29 @@ __device__ __forceinline__ i64 key_offset(const DecodeParams& p, int pos, i64 bl
     return (block * p.page_stride + (i64)slot * p.token_stride) * KV_ELEM;
 }
 
-/// Step 2c: a tile of keys into stage `s`, from the offsets computed a tile earlier. A warp
-/// takes one key at a time and its lanes the key's 16-byte chunks; keys without an offset are
-/// zero-filled and never read.
+/// Step 2c: a tile of keys into stage `s`, from the offsets computed a tile earlier. Warp w
+/// takes keys w, w + WARPS, ...; lane l the key's 16-byte chunks l, l + 32, ... Every trip
+/// count is a compile-time constant, so each copy costs one instruction and a predicate.
+/// Keys without an offset are zero-filled and never read.
 __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, const i64* offsets, int s) {
+    constexpr int WARPS = THREADS / 32;
+    constexpr int LANE_STEPS = (CHUNKS + 31) / 32;
+    static_assert(BN % WARPS == 0, "every warp takes the same number of keys");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     unsigned char* stage = sm.stage(s);
-    for (int j = warp; j < BN; j += THREADS / 32) {
+#pragma unroll
+    for (int jj = 0; jj < BN / WARPS; ++jj) {
+        const int j = warp + jj * WARPS;
         const i64 off = offsets[j];
-        const unsigned char* src = (const unsigned char*)p.kv + (off < 0 ? 0 : off);
-        for (int k = lane; k < CHUNKS; k += 32) {
-            cp_async16(smem_addr(stage + j * STAGE_ROW + k * 16), src + (off < 0 ? 0 : k * 16), off >= 0);
+        const bool valid = off >= 0;
+        // An invalid key copies nothing; its address stays inside the cache's first row.
+        const unsigned char* src = (const unsigned char*)p.kv + (valid ? off : 0) + lane * 16;
+        const u32 dst = smem_addr(stage + j * STAGE_ROW + lane * 16);
+#pragma unroll
+        for (int k = 0; k < LANE_STEPS; ++k) {
+            if (CHUNKS % 32 == 0 || k + 1 < LANE_STEPS || lane < CHUNKS % 32) {
+                cp_async16(dst + k * 512, src + (valid ? k * 512 : 0), valid);
+            }
         }
     }
 }
@@ -155,9 +167,13 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm,
 /// the tile the products read.
 __device__ __forceinline__ const u16* convert_tile(const Smem& sm, int s, float k_scale) {
     constexpr int GROUPS = D / 8;  // 8 elements per conversion
+    constexpr int STEPS = (BN * GROUPS + THREADS - 1) / THREADS;
     unsigned char* stage = sm.stage(s);
     u16* kt = FP8 ? sm.kt() : (u16*)stage;
-    for (int c = threadIdx.x; c < BN * GROUPS; c += THREADS) {
+#pragma unroll 2
+    for (int i = 0; i < STEPS; ++i) {
+        const int c = threadIdx.x + i * THREADS;
+        if ((BN * GROUPS) % THREADS != 0 && c >= BN * GROUPS) break;
         const int j = c / GROUPS, g = c % GROUPS;
         const unsigned char* src = stage + j * STAGE_ROW + g * 8 * KV_ELEM;
         u32x4 raw;
@@ -185,7 +201,9 @@ __device__ void write_empty(const DecodeParams& p, int row, int head0) {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) mla_decode_split(const DecodeParams p) {
+// One row group: two CTAs per SM (the host picks a ring that leaves room for both). More row
+// groups have too many threads for two CTAs' registers.
+extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decode_split(const DecodeParams p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const Smem sm{smem_raw};
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -256,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) mla_decode_split(const Dec
 #pragma unroll
             for (int n = 0; n < NT_S; ++n) sc[a][n][0] = sc[a][n][1] = sc[a][n][2] = sc[a][n][3] = 0.0f;
         const u32 k_lane = smem_addr(kt + (wc * KEYS_W + lane % 8) * DP + ((lane / 8) % 2) * 8);
-#pragma unroll 2
+#pragma unroll 3
         for (int k0 = 0; k0 < D / 16; k0 += S_CHAINS) {
 #pragma unroll
             for (int a = 0; a < S_CHAINS; ++a) {

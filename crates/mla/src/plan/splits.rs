@@ -24,12 +24,15 @@ pub enum SplitRule {
         sm_count: usize,
     },
     /// `ceil(target / work)` splits, where work = rows x ceil(heads / 64) (the CTAs a split
-    /// count of one gives), and at most `ceil(len / min_keys)`.
+    /// count of one gives), at most `ceil(len / min_keys)` and at most `max_splits` (each
+    /// split costs the combine a step).
     Fill {
         /// Work items to aim at (a multiple of the SM count).
         target: usize,
         /// Fewest keys a split should hold.
         min_keys: usize,
+        /// Most splits a row gets.
+        max_splits: usize,
     },
 }
 
@@ -39,9 +42,13 @@ impl SplitRule {
     pub fn splits(self, max_kv_len: usize, rows: usize, heads: usize) -> usize {
         match self {
             SplitRule::Vllm { sm_count } => num_kv_splits(max_kv_len, sm_count),
-            SplitRule::Fill { target, min_keys } => {
+            SplitRule::Fill {
+                target,
+                min_keys,
+                max_splits,
+            } => {
                 let work = rows.max(1) * heads.div_ceil(64).max(1);
-                let cap = max_kv_len.div_ceil(min_keys.max(1)).max(1);
+                let cap = max_kv_len.div_ceil(min_keys.max(1)).min(max_splits).max(1);
                 target.div_ceil(work).clamp(1, cap)
             }
         }

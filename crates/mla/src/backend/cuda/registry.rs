@@ -175,10 +175,12 @@ pub fn decode_variant(
         stages,
     };
     // Two CTAs on an SM hide each other's latencies better than a deeper ring in one CTA
-    // (measured on the H200: 252 us against 394 us at 128 x 4096 keys, 16 heads), so the
-    // deepest ring that keeps two per SM wins; else the deepest that fits once. The SM has
-    // 1 KB more than a block may take, and each resident block reserves 1 KB.
-    let fits_twice = |v: &Variant| 2 * (v.smem_bytes() + 1024) <= smem_limit + 1024;
+    // (measured on the H200: 252 us against 394 us at 128 x 4096 keys, 16 heads), so with one
+    // row group (the only size whose registers allow two CTAs, see the kernel's launch
+    // bounds) the deepest ring that keeps two per SM wins; else the deepest that fits once.
+    // The SM has 1 KB more than a block may take, and each resident block reserves 1 KB.
+    let fits_twice =
+        |v: &Variant| v.row_warps == 1 && 2 * (v.smem_bytes() + 1024) <= smem_limit + 1024;
     let fits_once = |v: &Variant| v.smem_bytes() <= smem_limit;
     [4, 2, 1]
         .into_iter()
@@ -277,7 +279,7 @@ mod tests {
             decode_variant(h, 512, 64, ModelDtype::Bf16, kv, limit).map(|v| v.stages)
         };
         assert_eq!(stages(16, KvFormat::Bf16, 232_448), Some(2)); // two CTAs per SM
-        assert_eq!(stages(32, KvFormat::Bf16, 232_448), Some(2)); // two CTAs, just
+        assert_eq!(stages(32, KvFormat::Bf16, 232_448), Some(4)); // one CTA: the deepest
         assert_eq!(stages(16, KvFormat::Fp8E4m3, 232_448), Some(3)); // two CTAs
         assert_eq!(stages(128, KvFormat::Bf16, 232_448), Some(4)); // one CTA: the deepest
         assert_eq!(stages(128, KvFormat::Bf16, 166_912), Some(2));
