@@ -118,10 +118,12 @@ mod tests {
         let rule = SplitRule::Fill {
             target: 264,
             min_keys: 128,
+            max_splits: 64,
         };
         assert_eq!(rule.splits(1024, 1, 16), 8); // capped by keys: 1024 / 128
         assert_eq!(rule.splits(8192, 1, 16), 64);
-        assert_eq!(rule.splits(32768, 4, 16), 66);
+        assert_eq!(rule.splits(1 << 20, 1, 16), 64); // capped
+        assert_eq!(rule.splits(32768, 4, 16), 64);
         assert_eq!(rule.splits(32768, 4, 128), 33); // two 64-head tiles per row
         assert_eq!(rule.splits(4096, 128, 16), 3);
         assert_eq!(rule.splits(4096, 512, 16), 1);
@@ -136,6 +138,7 @@ mod tests {
             SplitRule::Fill {
                 target: 264,
                 min_keys: 128,
+                max_splits: 64,
             },
             SplitRule::Vllm { sm_count: 132 },
         ] {
