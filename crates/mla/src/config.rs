@@ -170,15 +170,13 @@ impl MlaConfig {
             DeviceInfo::Cpu { threads } => *threads,
             DeviceInfo::Cuda { sm_count, .. } => *sm_count,
         });
-        // The CPU backend is the reference: vLLM's rule. The GPU aims at eight work items per
-        // SM (four waves of two CTAs: equal items leave a short tail) with splits of at least
-        // 128 keys (four tiles of the mma kernel, which amortize loading q) and at most 64 per
-        // row (the combine walks them in order).
+        // The CPU backend is the reference: vLLM's rule. The GPU picks its split count with
+        // a small cost model (waves of CTAs, tiles per CTA, partials moved by the combine).
         let split_rule = match device {
             DeviceInfo::Cpu { .. } => SplitRule::Vllm { sm_count },
             DeviceInfo::Cuda { .. } => SplitRule::Fill {
-                target: 8 * sm_count,
-                min_keys: 128,
+                sm_count,
+                kv_lora_rank: self.kv_lora_rank,
                 max_splits: 64,
             },
         };

@@ -14,6 +14,10 @@ use super::extents::KeyRange;
 
 /// Keys per split that vLLM's rule aims at.
 const KEYS_PER_SPLIT: usize = 512;
+/// Keys per tile of the GPU kernels (the fill rule's unit of work).
+const TILE: usize = 32;
+/// Fewest tiles a split of the fill rule holds.
+const MIN_TILES: usize = 4;
 
 /// How a backend cuts each row's keys into splits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,15 +27,14 @@ pub enum SplitRule {
         /// SMs (or CPU threads).
         sm_count: usize,
     },
-    /// `ceil(target / work)` splits, where work = rows x ceil(heads / 64) (the CTAs a split
-    /// count of one gives), at most `ceil(len / min_keys)` and at most `max_splits` (each
-    /// split costs the combine a step).
+    /// The split count that minimizes a small cost model of the GPU kernels (see
+    /// [`SplitRule::fill_cost`]), at most `max_splits`.
     Fill {
-        /// Work items to aim at (a multiple of the SM count).
-        target: usize,
-        /// Fewest keys a split should hold.
-        min_keys: usize,
-        /// Most splits a row gets.
+        /// SMs of the GPU.
+        sm_count: usize,
+        /// L: the width of each split's partial output.
+        kv_lora_rank: usize,
+        /// Most splits a row gets (the combine walks them in order).
         max_splits: usize,
     },
 }
@@ -42,16 +45,65 @@ impl SplitRule {
     pub fn splits(self, max_kv_len: usize, rows: usize, heads: usize) -> usize {
         match self {
             SplitRule::Vllm { sm_count } => num_kv_splits(max_kv_len, sm_count),
-            SplitRule::Fill {
-                target,
-                min_keys,
-                max_splits,
-            } => {
-                let work = rows.max(1) * heads.div_ceil(64).max(1);
-                let cap = max_kv_len.div_ceil(min_keys.max(1)).min(max_splits).max(1);
-                target.div_ceil(work).clamp(1, cap)
+            SplitRule::Fill { max_splits, .. } => {
+                // A split keeps at least MIN_TILES tiles to amortize its fixed costs.
+                let most = max_kv_len
+                    .div_ceil(TILE * MIN_TILES)
+                    .clamp(1, max_splits.max(1));
+                // The cheapest count; ties go to fewer splits.
+                (1..=most)
+                    .min_by(|&x, &y| {
+                        let (cx, cy) = (
+                            self.fill_cost(max_kv_len, rows, heads, x),
+                            self.fill_cost(max_kv_len, rows, heads, y),
+                        );
+                        cx.total_cmp(&cy).then(x.cmp(&y))
+                    })
+                    .unwrap_or(1)
             }
         }
+    }
+
+    /// The fill rule's estimate, in units of one CTA's time for one tile of keys, of a batch
+    /// cut into `splits` splits:
+    /// - stage 1 runs in waves of `slots` CTAs (two per SM for up to 16 heads a CTA, else
+    ///   one), each CTA taking 2 units of fixed cost (q, epilogue) plus one per tile;
+    /// - the combine, when there are splits, costs a unit, half a unit per batch of four
+    ///   splits it walks in order (a memory latency each), and the f32 partials it moves
+    ///   (written and read) at the rate a wave moves key tiles (`slots` x 36 KB a unit).
+    ///
+    /// A split holds at least four tiles (128 keys).
+    ///
+    /// Crude on purpose: it only has to rank split counts, and it is checked by the GPU
+    /// benchmarks (BENCHMARKS.md), not trusted.
+    pub fn fill_cost(self, max_kv_len: usize, rows: usize, heads: usize, splits: usize) -> f64 {
+        let SplitRule::Fill {
+            sm_count,
+            kv_lora_rank,
+            ..
+        } = self
+        else {
+            return 0.0;
+        };
+        let heads_per_cta = heads.clamp(1, 64);
+        let slots = if heads_per_cta <= 16 {
+            2 * sm_count
+        } else {
+            sm_count
+        }
+        .max(1);
+        let ctas = rows.max(1) * heads.div_ceil(64).max(1) * splits;
+        let waves = ctas.div_ceil(slots) as f64;
+        let tiles = max_kv_len.div_ceil(splits).div_ceil(TILE) as f64;
+        let stage1 = waves * (2.0 + tiles);
+        let combine = if splits > 1 {
+            // A launch, a memory latency per batch of four splits it walks, the bytes.
+            let partial_bytes = (rows * heads * splits * (kv_lora_rank + 1) * 8) as f64;
+            1.0 + splits as f64 / 8.0 + partial_bytes / (slots as f64 * 36_864.0)
+        } else {
+            0.0
+        };
+        stage1 + combine
     }
 
     /// The most `rows x splits` any batch of at most `max_rows` rows over at most
@@ -61,16 +113,12 @@ impl SplitRule {
             SplitRule::Vllm { .. } => {
                 max_rows.saturating_mul(self.splits(max_kv_len, max_rows, heads))
             }
-            // rows x ceil(target / work) shrinks as rows grow, but not monotonically: try
-            // every count up to where one split per row is all that is left.
-            SplitRule::Fill { target, .. } => {
-                let bound = max_rows.min(target.saturating_add(1));
-                let most = (1..=bound)
-                    .map(|r| r * self.splits(max_kv_len, r, heads))
-                    .max()
-                    .unwrap_or(0);
-                most.max(max_rows)
-            }
+            // The count is not monotone in rows: try every batch size (cheap next to a
+            // reservation, which happens once).
+            SplitRule::Fill { .. } => (1..=max_rows)
+                .map(|r| r * self.splits(max_kv_len, r, heads))
+                .max()
+                .unwrap_or(0),
         }
     }
 }
@@ -114,20 +162,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_fill_rule_gives_small_batches_many_splits() {
+    fn the_fill_rule_splits_small_batches_and_spares_large_ones() {
         let rule = SplitRule::Fill {
-            target: 264,
-            min_keys: 128,
+            sm_count: 132,
+            kv_lora_rank: 512,
             max_splits: 64,
         };
-        assert_eq!(rule.splits(1024, 1, 16), 8); // capped by keys: 1024 / 128
-        assert_eq!(rule.splits(8192, 1, 16), 64);
-        assert_eq!(rule.splits(1 << 20, 1, 16), 64); // capped
-        assert_eq!(rule.splits(32768, 4, 16), 64);
-        assert_eq!(rule.splits(32768, 4, 128), 33); // two 64-head tiles per row
-        assert_eq!(rule.splits(4096, 128, 16), 3);
-        assert_eq!(rule.splits(4096, 512, 16), 1);
-        assert_eq!(rule.splits(0, 1, 16), 1);
+        // (len, rows, heads) -> splits, as the cost model ranks them.
+        let cases = [
+            ((1024, 1, 16), 8),
+            ((8192, 1, 16), 43),
+            ((32768, 4, 16), 64),
+            ((4096, 32, 16), 8),
+            ((4096, 128, 16), 2),
+            ((8192, 1, 128), 32),
+            ((2048, 128, 128), 1),
+            ((0, 1, 16), 1),
+            ((1 << 20, 1, 16), 64),
+        ];
+        for ((len, rows, heads), want) in cases {
+            assert_eq!(
+                rule.splits(len, rows, heads),
+                want,
+                "len {len} rows {rows} heads {heads}"
+            );
+        }
         let vllm = SplitRule::Vllm { sm_count: 132 };
         assert_eq!(vllm.splits(8192, 1, 16), 16);
     }
@@ -136,8 +195,8 @@ mod tests {
     fn reservations_cover_every_batch() {
         for rule in [
             SplitRule::Fill {
-                target: 264,
-                min_keys: 128,
+                sm_count: 132,
+                kv_lora_rank: 512,
                 max_splits: 64,
             },
             SplitRule::Vllm { sm_count: 132 },
