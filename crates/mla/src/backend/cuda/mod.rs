@@ -4,7 +4,7 @@
 //! - [`registry`]: the kernel sources and the variants a decode can pick.
 //! - [`compile`]: NVRTC options, the disk cache, ptxas' resource report.
 //! - [`cache`]: the on-disk cubin cache.
-//! - [`params`]: the `#[repr(C)]` kernel argument.
+//! - `params`: the `#[repr(C)]` kernel argument.
 //! - `ffi`: every unsafe call.
 //!
 //! The decode path (`forward`) only looks kernels up, fills the parameters and launches: no

@@ -1,9 +1,9 @@
 //! The kernels as data: their sources (embedded), the variants a decode can pick, and the key
 //! that names a compiled variant in memory and on disk.
 //!
-//! A variant is a family plus the `-D` defines that specialize it; the plan's numbers decide
-//! it ([`decode_variant`]), and [`warmup_variants`] / [`all_variants`] enumerate what a decoder
-//! or an architecture can need.
+//! A variant is a family plus the `-D` defines that specialize it; the plan's numbers and the
+//! device's shared memory decide it ([`decode_variant`], [`combine_variant`]), and
+//! [`all_variants`] enumerates what an architecture can need.
 
 use std::fmt;
 
