@@ -14,7 +14,7 @@
 //! | --- | --- | --- |
 //! | configuration | [`config`], [`dtype`] | heads, scale, dtypes, window; the seed's rejections for a device |
 //! | plan | [`plan`] | argument checks, which keys each row sees, split count, workspace views |
-//! | backend | [`backend`] | runs a plan: the CPU backend (this crate's reference) or CUDA |
+//! | backend | [`backend`] | runs a plan: the CPU backend (this crate's reference) or CUDA (NVRTC-compiled kernels in `kernels/`) |
 //!
 //! [`MlaDecode`] ties them together; [`reference`](mod@reference) is the f64 oracle every backend is checked
 //! against, and [`synth`] draws random problems for tests and benchmarks.
@@ -46,8 +46,10 @@
 //! ## Performance
 //!
 //! Build one [`MlaDecode`] per model configuration and reuse it for every layer and step:
-//! reserve the workspace for the worst case once, lock it, then decode. A locked decoder
-//! never allocates on the decode path.
+//! reserve the workspace for the worst case once, lock it, warm it up
+//! ([`MlaDecode::register_decode_warmup`]), then decode. A locked, warm decoder never
+//! allocates or compiles on the decode path, and on the GPU never waits for the device, so a
+//! decode can be captured in a CUDA graph and replayed with new lengths and block tables.
 //!
 //! ## Crate features
 //!
