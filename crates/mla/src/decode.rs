@@ -274,3 +274,14 @@ impl MlaDecode {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decoder_can_move_between_threads() {
+        fn send<T: Send>() {}
+        send::<MlaDecode>();
+    }
+}

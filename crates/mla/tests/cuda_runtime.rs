@@ -154,15 +154,16 @@ fn bad_values_raise_the_device_flag_and_are_never_read() {
     let st = gpu::stream(&dec);
     let p = Problem::generate(&case.spec).unwrap();
     let capacity = (p.max_blocks * 16) as i32;
-    let bad_block = |b: i32| {
+    let with_block = |b: i32| {
         let mut t = p.block_table.clone();
-        t[1] = b;
-        (t, p.seq_lens.clone())
+        t[1] = b; // request 0, keys 16..32
+        t
     };
+    // (block table, lengths, the flag bit expected)
     let cases: Vec<(Vec<i32>, Vec<i32>, u32)> = vec![
-        (bad_block(-1).0, bad_block(-1).1, 4),
-        (bad_block(p.num_blocks as i32).0, p.seq_lens.clone(), 4),
-        (bad_block(i32::MAX).0, p.seq_lens.clone(), 4),
+        (with_block(-1), p.seq_lens.clone(), 4),
+        (with_block(p.num_blocks as i32), p.seq_lens.clone(), 4),
+        (with_block(i32::MAX), p.seq_lens.clone(), 4),
         (p.block_table.clone(), vec![capacity + 50, 40], 2),
         (p.block_table.clone(), vec![-3, 40], 1),
     ];

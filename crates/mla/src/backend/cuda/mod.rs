@@ -328,6 +328,19 @@ impl CudaBackend {
             self.smem_limit,
         )
         .ok_or_else(|| Error::config("qk_rope_head_dim", "no kernel variant fits the device"))?;
+        // The kernels index with i32 and the grid's y dimension holds at most 65535.
+        let fits_i32 = [
+            plan.rows,
+            plan.heads,
+            plan.kv.num_blocks,
+            plan.kv.page_size,
+            plan.max_blocks,
+        ]
+        .iter()
+        .all(|&x| i32::try_from(x).is_ok());
+        if !fits_i32 || plan.heads.div_ceil(4) > 65_535 {
+            return Err(too_big(plan));
+        }
         let params = DecodeParams::new(plan, &ptr);
         let rows_per_cta = 16 * decode.row_warps;
         let head_blocks = plan.heads.div_ceil(rows_per_cta);
