@@ -2,6 +2,7 @@
 # Builds, on this (CPU) machine, everything the GPU machine runs, into gpu-bin/ (ignored):
 #   gpu-bin/mla            the CLI (release)
 #   gpu-bin/tests/<name>   the release test binaries that touch the GPU
+#   gpu-bin/wheels/        the mla_rs wheel (abi3, built by maturin from PyPI)
 # and copies the side-by-side benchmark script next to the anchors if they were fetched
 # (../shared/bench/fetch-anchors.sh .anchors). Then run, through the device tool:
 #   scripts/gpu/run.sh all        (carry: gpu-bin, .anchors)
@@ -26,6 +27,9 @@ for line in sys.stdin:
         shutil.copy(m["executable"], sys.argv[1] + "/" + m["target"]["name"])
         print("test binary:", m["target"]["name"])
 ' "$out/tests"
+
+# The Python module, for its pytest suite and the in-process side-by-side benchmark.
+scripts/py/wheel.sh "$out/wheels"
 
 strip --strip-debug "$out/mla" "$out"/tests/* 2>/dev/null || true
 if [ -d .anchors ] && [ -f ../shared/bench/anchors.py ]; then

@@ -3,7 +3,7 @@
 # (scripts/gpu/build.sh) and optionally .anchors/ carried. Writes every log into $OUT (the
 # folder that comes back), or ./results when $OUT is unset. The last lines printed are a
 # summary.
-#   scripts/gpu/run.sh [all|tests|memcheck|racecheck|bench|anchors] ...
+#   scripts/gpu/run.sh [all|tests|memcheck|racecheck|pytest|bench|anchors] ...
 # Each step runs under a time limit (seconds, env: MLA_STEP_LIMIT, default 300).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,6 +18,12 @@ note() { summary+=("$1"); }
 
 has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
 limit=${MLA_STEP_LIMIT:-300}
+
+# mla_rs, when its wheel was built: the anchors benchmark then runs it in-process.
+if ls gpu-bin/wheels/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-deps --no-index --target /tmp/mla-site gpu-bin/wheels/*.whl \
+    && export PYTHONPATH=/tmp/mla-site${PYTHONPATH:+:$PYTHONPATH}
+fi
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv > "$out/gpu.txt" 2>&1
 gpu-bin/mla info > "$out/info.txt" 2>&1
@@ -44,6 +50,13 @@ for tool in memcheck racecheck; do
     note "compute-sanitizer $tool: rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$out/sanitizer-$tool.log" | tr '\n' ' ')"
   fi
 done
+
+if has pytest; then
+  timeout "$limit" python3 -m pytest -q -rs crates/mla-py/tests > "$out/pytest.log" 2>&1
+  rc=$?
+  note "pytest: rc=$rc: $(tail -n 1 "$out/pytest.log")"
+  if [ $rc -ne 0 ]; then grep -E -A25 "^_+ test" "$out/pytest.log" | cut -c1-300 | head -n 80; fi
+fi
 
 if has bench; then
   timeout "$limit" gpu-bin/mla bench --backend cuda --iters 10 > "$out/bench.txt" 2>&1

@@ -36,8 +36,10 @@ struct DecodeParams {
     int window;               // sliding window in keys; 0: none
     float scale_log2;         // softmax scale * log2(e): scores go to base 2 with the scale folded in
     float k_scale;            // fp8 caches: value = decoded * k_scale
+    const float* k_scale_ptr; // when not null, k_scale is read here (on the device, so a captured
+                              // graph sees a new scale); may be null
 };
-static_assert(sizeof(DecodeParams) == 208, "DecodeParams must match src/backend/cuda/params.rs");
+static_assert(sizeof(DecodeParams) == 216, "DecodeParams must match src/backend/cuda/params.rs");
 
 // Bits of *error_flag (src/backend/cuda/mod.rs reads them).
 #define MLA_ERR_NEGATIVE_LEN 1u     // a seq_len below zero (treated as 0)

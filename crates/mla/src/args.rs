@@ -48,6 +48,9 @@ pub struct DecodeInputs<'a> {
     pub mask: Mask,
     /// Per-tensor scale of an fp8 cache (K and V alike); ignored for 16-bit caches.
     pub k_scale: f32,
+    /// The same scale as a one-element f32 tensor, read where the decode runs (on the GPU, at
+    /// run time, so a captured graph sees a new scale). When given it replaces `k_scale`.
+    pub k_scale_tensor: Option<TensorRef<'a, 1>>,
     /// The batch's longest `seq_len`, used only to pick the split count (vLLM's
     /// `max_seq_len`). None: read from `seq_lens` when they are on the host.
     pub max_seq_len: Option<usize>,
@@ -69,7 +72,17 @@ impl<'a> DecodeInputs<'a> {
             query_len: 1,
             mask: Mask::Causal,
             k_scale: 1.0,
+            k_scale_tensor: None,
             max_seq_len: None,
+        }
+    }
+
+    /// The fp8 scale when it is known on the host: `k_scale`, or the host tensor's value.
+    /// None for a scale tensor in device memory (or an unreadable one).
+    pub fn host_k_scale(&self) -> Option<f32> {
+        match &self.k_scale_tensor {
+            None => Some(self.k_scale),
+            Some(t) => t.host_slice::<f32>().and_then(|v| v.first().copied()),
         }
     }
 }

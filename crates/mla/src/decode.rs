@@ -97,6 +97,29 @@ impl MlaDecode {
         self.backend.cuda().map(|b| b.stream())
     }
 
+    /// Launches decodes on `stream` from now on (for example torch's current stream, wrapped
+    /// with cudarc's `CudaContext::wrap_borrowed_stream` on [`MlaDecode::cuda_context`]).
+    ///
+    /// # Errors
+    /// [`Error::NoCudaDevice`] on a CPU decoder or for a stream of another device,
+    /// [`Error::Driver`].
+    #[cfg(feature = "cuda")]
+    pub fn set_cuda_stream(
+        &mut self,
+        stream: std::sync::Arc<cudarc::driver::CudaStream>,
+    ) -> Result<()> {
+        match self.backend.cuda_mut() {
+            Some(b) => b.set_stream(stream),
+            None => Err(Error::NoCudaDevice("this decoder runs on the CPU".into())),
+        }
+    }
+
+    /// The CUDA context of a GPU decoder (the device's primary context).
+    #[cfg(feature = "cuda")]
+    pub fn cuda_context(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaContext>> {
+        self.backend.cuda().map(|b| b.context())
+    }
+
     /// The CUDA backend itself (None on the CPU): its target, the kernels it built.
     #[cfg(feature = "cuda")]
     pub fn cuda_backend(&self) -> Option<&crate::backend::cuda::CudaBackend> {

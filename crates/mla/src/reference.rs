@@ -99,7 +99,7 @@ pub fn decode_f64(
         .host_bytes()
         .ok_or_else(|| host("kv_cache"))?;
     let k_scale = if cfg.kv_format.is_fp8() {
-        inputs.k_scale
+        inputs.host_k_scale().ok_or_else(|| host("k_scale"))?
     } else {
         1.0
     };

@@ -265,3 +265,67 @@ fn dp_kv_with_strides<'a>(
             .unwrap(),
     }
 }
+
+#[test]
+fn a_captured_decode_reads_a_new_k_scale_from_the_device() {
+    let mut s = spec(16, 64, &[3000, 700], 1, Mask::Causal);
+    s.kv_format = KvFormat::Fp8E4m3;
+    s.k_scale = 0.5;
+    let case = Case::new(s);
+    let Some(mut dec) = gpu::open(&case.config()) else {
+        return;
+    };
+    let st = gpu::stream(&dec);
+    let mut p = Problem::generate(&case.spec).unwrap();
+    let dp = p.to_device(&st).unwrap();
+    let mut scale = st.clone_htod(&[0.5f32]).unwrap();
+    let mut out = DeviceOutputs::poisoned(&st, &p).unwrap();
+    dec.reserve_workspace(p.rows(), 4096).unwrap();
+    dec.lock_workspace();
+    dec.register_decode_warmup(&dp.inputs(&p, false).unwrap().kv_cache, CacheDtype::Fp8E4m3)
+        .unwrap();
+    let graph = {
+        let inputs = DecodeInputs {
+            k_scale: 99.0, // ignored: the tensor wins
+            k_scale_tensor: Some(TensorRef::from_cuda(&scale, [1], [1]).unwrap()),
+            ..dp.inputs(&p, false).unwrap()
+        };
+        st.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .unwrap();
+        let captured = dec.forward(&inputs, &mut out.views().unwrap());
+        let graph = st
+            .end_capture(CUgraphInstantiate_flags(0))
+            .unwrap()
+            .expect("a graph");
+        captured.unwrap();
+        graph
+    };
+    for k in [0.5f32, 0.125, 2.0] {
+        st.memcpy_htod(&[k], &mut scale).unwrap();
+        out.poison(&st).unwrap();
+        graph.launch().unwrap();
+        dec.check_device_errors().unwrap();
+        let (o, lse) = out.download(&st).unwrap();
+        p.spec.k_scale = k;
+        let (co, cl) =
+            gpu::cpu_outputs(&Case::new(p.spec.clone()), &p, dec.config().sm_count, false);
+        let a = gpu::distance(&o, &lse, &co, &cl, p.rows(), 16, 512);
+        assert!(
+            a.o_rel <= O_TOL && a.lse_abs <= LSE_TOL,
+            "k_scale {k}: {a:?}"
+        );
+    }
+}
+
+#[test]
+fn decodes_run_on_a_stream_of_the_callers() {
+    let case = Case::new(spec(32, 16, &[2000, 5, 900], 2, Mask::Causal));
+    let Some(mut dec) = gpu::open(&case.config()) else {
+        return;
+    };
+    let side = dec.cuda_context().unwrap().new_stream().unwrap();
+    dec.set_cuda_stream(side.clone()).unwrap();
+    assert_eq!(gpu::stream(&dec).cu_stream(), side.cu_stream());
+    let run = gpu::run_case_on(&mut dec, &case);
+    gpu::assert_close(&case, &run);
+}

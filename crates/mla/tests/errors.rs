@@ -651,3 +651,62 @@ fn config_errors_surface_from_the_constructor() {
         Ok(Err(Error::CacheDtypeNotSupportedYet { .. }))
     ));
 }
+
+#[test]
+fn a_k_scale_tensor_replaces_the_value_and_is_checked() {
+    let mut s = ProblemSpec::new(H, vec![70, 33]);
+    s.kv_format = KvFormat::Fp8E4m3;
+    s.k_scale = 0.5;
+    let p = Problem::generate(&s).unwrap();
+    let mut cfg = MlaConfig::new(H, 0.1);
+    cfg.kv_cache_dtype = CacheDtype::Fp8E4m3;
+    let mut dec = MlaDecode::new(&cfg, Device::Cpu).unwrap();
+    let mut by_value = Outputs::poisoned(&p);
+    dec.forward(&p.inputs().unwrap(), &mut by_value.views().unwrap())
+        .unwrap();
+    let scale = [0.5f32];
+    let with_tensor = DecodeInputs {
+        k_scale: 7.0, // ignored
+        k_scale_tensor: Some(TensorRef::contiguous(&scale, [1]).unwrap()),
+        ..p.inputs().unwrap()
+    };
+    let mut by_tensor = Outputs::poisoned(&p);
+    dec.forward(&with_tensor, &mut by_tensor.views().unwrap())
+        .unwrap();
+    assert_eq!(by_value.o.to_f32(), by_tensor.o.to_f32());
+    assert_eq!(by_value.lse, by_tensor.lse);
+    // Checked like the value, and for dtype and shape.
+    let bad = [0.0f32];
+    let e = dec
+        .forward(
+            &DecodeInputs {
+                k_scale_tensor: Some(TensorRef::contiguous(&bad, [1]).unwrap()),
+                ..with_tensor
+            },
+            &mut by_tensor.views().unwrap(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::KScale(_)), "{e}");
+    let two = [0.5f32, 0.5];
+    let e = dec
+        .forward(
+            &DecodeInputs {
+                k_scale_tensor: Some(TensorRef::contiguous(&two, [2]).unwrap()),
+                ..with_tensor
+            },
+            &mut by_tensor.views().unwrap(),
+        )
+        .unwrap_err();
+    assert_eq!(message(&e), "k_scale: expected shape [1], got [2]");
+    let ints = [1i32];
+    let e = dec
+        .forward(
+            &DecodeInputs {
+                k_scale_tensor: Some(TensorRef::contiguous(&ints, [1]).unwrap()),
+                ..with_tensor
+            },
+            &mut by_tensor.views().unwrap(),
+        )
+        .unwrap_err();
+    assert_eq!(message(&e), "k_scale: expected dtype f32, got i32");
+}

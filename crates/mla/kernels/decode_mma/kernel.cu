@@ -221,6 +221,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decod
     }
     const int req = row / p.query_len;
     const int tiles = (keys.end - keys.start + BN - 1) / BN;
+    const float k_scale = p.k_scale_ptr != nullptr ? *p.k_scale_ptr : p.k_scale;
 
     // Offsets of tiles 0 .. STAGES - 1 now; from then on the block ids of tile t + STAGES are
     // read during tile t (into `next_block`) and turned into offsets at the end of it.
@@ -262,7 +263,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decod
 
         const u16* kt = (const u16*)sm.stage(st);
         if (CONVERT) {
-            kt = convert_tile(sm, st, p.k_scale);
+            kt = convert_tile(sm, st, k_scale);
             __syncthreads();
         }
 

@@ -315,13 +315,23 @@ impl DecodePlan {
         }
 
         // 6. values known on the host
-        let k_scale = if cfg.kv_format.is_fp8() {
-            if !(inputs.k_scale.is_finite() && inputs.k_scale > 0.0) {
-                return Err(Error::KScale(inputs.k_scale));
+        if let Some(t) = &inputs.k_scale_tensor {
+            dtype("k_scale", t.dtype(), DType::F32)?;
+            shape("k_scale", t.shape(), [Dim::Is(1)])?;
+            if t.location() != location {
+                return Err(Error::WrongDevice {
+                    arg: "k_scale",
+                    expected: location.to_string(),
+                    got: t.location().to_string(),
+                });
             }
-            inputs.k_scale
-        } else {
-            1.0
+        }
+        // A scale in device memory is read by the kernels; one on the host is checked here.
+        let k_scale = match (cfg.kv_format.is_fp8(), inputs.host_k_scale()) {
+            (false, _) => 1.0,
+            (true, Some(k)) if k.is_finite() && k > 0.0 => k,
+            (true, Some(k)) => return Err(Error::KScale(k)),
+            (true, None) => inputs.k_scale,
         };
         let host_max = match inputs.seq_lens.host_slice::<i32>() {
             Some(lens) => Some(max_seq_len(lens)?),

@@ -142,15 +142,18 @@ impl DeviceProblem {
         Ok(DecodeInputs {
             q,
             kv_cache,
-            // The host knows the lengths, as vLLM's metadata does: the split count follows them.
-            max_seq_len: p.seq_lens.iter().map(|&l| l.max(0) as usize).max(),
             block_table: TensorRef::from_cuda(
                 &self.block_table,
                 host.block_table.shape(),
                 host.block_table.strides(),
             )?,
             seq_lens: TensorRef::from_cuda(&self.seq_lens, host.seq_lens.shape(), [1])?,
-            ..host
+            query_len: host.query_len,
+            mask: host.mask,
+            k_scale: host.k_scale,
+            k_scale_tensor: None,
+            // The host knows the lengths, as vLLM's metadata does: the split count follows them.
+            max_seq_len: p.seq_lens.iter().map(|&l| l.max(0) as usize).max(),
         })
     }
 }

@@ -365,6 +365,7 @@ impl Problem {
             query_len: self.spec.query_len,
             mask: self.spec.mask,
             k_scale: self.spec.k_scale,
+            k_scale_tensor: None,
             max_seq_len: None,
         })
     }

@@ -42,6 +42,9 @@ struct Loaded {
 #[derive(Debug)]
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
+    /// Our own stream: the workspace and the error flag are allocated on it.
+    own: Arc<CudaStream>,
+    /// Where decodes are launched: `own`, or the caller's (torch's current stream).
     stream: Arc<CudaStream>,
     ordinal: usize,
     target: Target,
@@ -85,6 +88,7 @@ impl CudaBackend {
         let error_flag = stream
             .alloc_zeros::<u32>(1)
             .map_err(driver("allocate the error flag"))?;
+        stream.synchronize().map_err(driver("synchronize"))?;
         let capability = Capability {
             major: major as u32,
             minor: minor as u32,
@@ -97,6 +101,7 @@ impl CudaBackend {
         };
         let backend = CudaBackend {
             ctx,
+            own: stream.clone(),
             stream,
             ordinal,
             target,
@@ -118,6 +123,30 @@ impl CudaBackend {
     /// (or order your streams against it).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// The device's primary context (the one PyTorch and the CUDA runtime use).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Launches decodes on `stream` from now on (a caller's stream, e.g. torch's current
+    /// one). Nothing waits: the switch may happen inside graph capture, where waiting is not
+    /// allowed. Decodes on two streams share the workspace, so order them as you order any
+    /// two ops on those streams (one stream, or torch.cuda.graph, which synchronizes before
+    /// capturing, needs nothing more).
+    ///
+    /// # Errors
+    /// [`Error::NoCudaDevice`] for a stream of another context.
+    pub fn set_stream(&mut self, stream: Arc<CudaStream>) -> Result<()> {
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(Error::NoCudaDevice(format!(
+                "the stream belongs to another context than device {}'s",
+                self.ordinal
+            )));
+        }
+        self.stream = stream;
+        Ok(())
     }
 
     /// The architecture kernels are compiled for.
@@ -266,12 +295,16 @@ impl CudaBackend {
     /// # Errors
     /// [`Error::Driver`] when the device memory is not available.
     pub fn resize_workspace(&mut self, bytes: usize) -> Result<()> {
+        // Decodes still running may use the old one; the new one must exist before the next
+        // launch, whichever stream it is on.
+        self.stream.synchronize().map_err(driver("synchronize"))?;
         self.workspace = None; // free first: the new one is larger
-        self.workspace = Some(
-            self.stream
-                .alloc_zeros::<u8>(bytes.max(1))
-                .map_err(driver("allocate the workspace"))?,
-        );
+        let fresh = self
+            .own
+            .alloc_zeros::<u8>(bytes.max(1))
+            .map_err(driver("allocate the workspace"))?;
+        self.own.synchronize().map_err(driver("synchronize"))?;
+        self.workspace = Some(fresh);
         Ok(())
     }
 
@@ -455,6 +488,10 @@ fn pointers(
         ));
     }
     let lse = dev("lse", outputs.lse.device_ptr())?;
+    let k_scale = match &inputs.k_scale_tensor {
+        Some(t) => dev("k_scale", t.device_ptr())?,
+        None => 0,
+    };
     Ok(Pointers {
         q_nope,
         q_rope,
@@ -465,5 +502,6 @@ fn pointers(
         lse,
         workspace,
         error_flag,
+        k_scale,
     })
 }

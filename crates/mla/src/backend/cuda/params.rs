@@ -39,6 +39,7 @@ pub struct DecodeParams {
     pub window: i32,
     pub scale_log2: f32,
     pub k_scale: f32,
+    pub k_scale_ptr: u64,
 }
 
 /// Device addresses of one decode's tensors (first elements).
@@ -53,6 +54,8 @@ pub struct Pointers {
     pub lse: u64,
     pub workspace: u64,
     pub error_flag: u64,
+    /// The device f32 holding k_scale, or 0.
+    pub k_scale: u64,
 }
 
 impl DecodeParams {
@@ -99,6 +102,7 @@ impl DecodeParams {
             window: plan.window.map_or(0, i),
             scale_log2: plan.scale * std::f32::consts::LOG2_E,
             k_scale: plan.k_scale,
+            k_scale_ptr: ptr.k_scale,
         }
     }
 }
@@ -111,12 +115,13 @@ mod tests {
 
     #[test]
     fn layout_matches_params_cuh() {
-        // static_assert(sizeof(DecodeParams) == 208) in kernels/params.cuh.
-        assert_eq!(size_of::<DecodeParams>(), 208);
+        // static_assert(sizeof(DecodeParams) == 216) in kernels/params.cuh.
+        assert_eq!(size_of::<DecodeParams>(), 216);
         assert_eq!(offset_of!(DecodeParams, kv), 48);
         assert_eq!(offset_of!(DecodeParams, error_flag), 152);
         assert_eq!(offset_of!(DecodeParams, num_blocks), 160);
         assert_eq!(offset_of!(DecodeParams, scale_log2), 196);
         assert_eq!(offset_of!(DecodeParams, k_scale), 200);
+        assert_eq!(offset_of!(DecodeParams, k_scale_ptr), 208);
     }
 }

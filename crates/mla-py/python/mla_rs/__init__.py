@@ -1,0 +1,18 @@
+"""mla_rs: Multi-head Latent Attention decode (DeepSeek-V2/V3/R1) over a paged latent KV cache.
+
+The Rust library mla, for PyTorch tensors: ``MlaDecode`` decodes on a tensor's CUDA device, on
+torch's current stream, in PyTorch's own CUDA context; ``decode_attention_fwd`` is a drop-in
+for vLLM's Triton MLA kernel entry point. The module imports without torch and without a GPU;
+a GPU call made there raises ``RuntimeError: no usable CUDA device: ...``.
+
+    import torch, mla_rs
+    dec = mla_rs.MlaDecode(num_heads=16, scale=192 ** -0.5)
+    o, lse = dec.forward(q, kv_cache, block_table, seq_lens)
+
+See the README of the mla repository for the shapes and the contract.
+"""
+
+from ._mla_rs import MlaDecode, __version__
+from .vllm import decode_attention_fwd
+
+__all__ = ["MlaDecode", "decode_attention_fwd", "__version__"]

@@ -1,0 +1,38 @@
+from typing import Any, Optional, Sequence, Tuple, Union
+
+__version__: str
+
+class MlaDecode:
+    """MLA decode over a paged latent KV cache on the tensors' CUDA device."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        scale: float,
+        kv_cache_dtype: str = "auto",
+        kv_lora_rank: int = 512,
+        qk_rope_head_dim: int = 64,
+        sliding_window: Optional[int] = None,
+        batch_invariant: bool = False,
+        dtype: Any = None,
+        dcp_world_size: int = 1,
+    ) -> None: ...
+    def reserve_workspace(self, max_rows: int, max_model_len: int) -> None: ...
+    def lock_workspace(self) -> None: ...
+    def register_decode_warmup(self, kv_cache: Any, kv_cache_dtype: str) -> Sequence[int]: ...
+    def forward(
+        self,
+        q: Union[Any, Tuple[Any, Any]],
+        kv_cache: Any,
+        block_table: Any,
+        seq_lens: Any,
+        *,
+        k_scale: Union[float, Any, None] = None,
+        query_len: int = 1,
+        causal: bool = True,
+        out: Optional[Any] = None,
+        lse_out: Optional[Any] = None,
+    ) -> Tuple[Any, Any]: ...
+    def check_device_errors(self) -> None: ...
+    @property
+    def workspace_bytes(self) -> int: ...

@@ -1,0 +1,294 @@
+"""mla_rs against a torch float64 reference, on the GPU; its import and argument errors anywhere.
+
+GPU tests skip (with the reason) where torch or a CUDA device is missing. Outputs are poisoned
+with NaN before every run, and every case draws fresh random inputs.
+"""
+
+import math
+
+import pytest
+
+import mla_rs
+
+try:
+    import torch
+except ImportError:  # the import and error tests still run
+    torch = None
+
+HAS_GPU = torch is not None and torch.cuda.is_available()
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs torch with a CUDA device")
+
+D, L, R = 576, 512, 64
+SCALE = 192**-0.5
+O_TOL, LSE_TOL = 5e-3, 1e-3
+
+
+# ---------------------------------------------------------------- anywhere
+
+
+def test_imports_and_reports_its_version():
+    assert mla_rs.__version__
+    dec = mla_rs.MlaDecode(16, SCALE)
+    assert "num_heads=16" in repr(dec)
+    assert dec.workspace_bytes == 0
+
+
+def test_configuration_errors_use_the_library_messages():
+    with pytest.raises(ValueError, match='unknown name "fp4"'):
+        mla_rs.MlaDecode(16, SCALE, kv_cache_dtype="fp4")
+    with pytest.raises(NotImplementedError, match="fp8_ds_mla is not supported by mla yet"):
+        mla_rs.MlaDecode(16, SCALE, kv_cache_dtype="fp8_ds_mla")
+    with pytest.raises(ValueError, match="num_heads"):
+        mla_rs.MlaDecode(0, SCALE)
+    with pytest.raises(NotImplementedError, match="decode context parallelism"):
+        mla_rs.MlaDecode(16, SCALE, sliding_window=128, dcp_world_size=2)
+
+
+def test_the_drop_in_refuses_what_is_not_mla():
+    with pytest.raises(NotImplementedError, match="MLA case only"):
+        mla_rs.decode_attention_fwd(None, None, None, None, None, None, None, None, 4, SCALE)
+    with pytest.raises(NotImplementedError, match="logits_soft_cap"):
+        mla_rs.decode_attention_fwd(None, None, None, None, None, None, None, None, 4, SCALE, logit_cap=30.0, is_mla=True)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the message on machines without a GPU")
+def test_a_gpu_call_without_a_gpu_says_so():
+    with pytest.raises(RuntimeError, match="no usable CUDA device"):
+        mla_rs.MlaDecode(16, SCALE).reserve_workspace(4, 1024)
+
+
+# ---------------------------------------------------------------- cases and the reference
+
+
+def make_case(batch, heads, lens, page, kv="bf16", q_dtype=None, query_len=1, seed=0, k_scale=0.5):
+    """Random q ~ N(0, 1), cache ~ N(0, 0.5^2) (fp8 stores value / k_scale), pages in random order."""
+    q_dtype = q_dtype or torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    blocks_per_req = max(1, -(-max(lens + [1]) // page))
+    nblocks = batch * blocks_per_req + 3
+    values = torch.randn(nblocks, page, D, generator=g, device="cuda") * 0.5
+    if kv in ("fp8", "fp8_u8", "fp8_e5m2"):
+        f8 = torch.float8_e5m2 if kv == "fp8_e5m2" else torch.float8_e4m3fn
+        store = (values / k_scale).to(f8)
+        deq = store.float() * k_scale
+        if kv == "fp8_u8":
+            store = store.view(torch.uint8)
+    else:
+        store = values.to(torch.bfloat16 if kv == "bf16" else torch.float16)
+        deq = store.float()
+        k_scale = 1.0
+    deq = deq.to(q_dtype).float()  # what the products see: rounded to the query dtype
+    perm = torch.randperm(nblocks, generator=g, device="cuda")[: batch * blocks_per_req]
+    return dict(
+        q=torch.randn(batch * query_len, heads, D, generator=g, device="cuda").to(q_dtype),
+        kv=store,
+        deq=deq,
+        block_table=perm.to(torch.int32).view(batch, blocks_per_req).contiguous(),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
+        page=page,
+        query_len=query_len,
+        k_scale=k_scale,
+    )
+
+
+def reference(c, causal=True, window=None, deq=None):
+    """float64 attention over the keys each row sees: (o [rows, H, L], lse [rows, H])."""
+    deq = c["deq"] if deq is None else deq
+    q, ql, page = c["q"].double(), c["query_len"], c["page"]
+    rows, heads = q.shape[0], q.shape[1]
+    o = torch.zeros(rows, heads, L, dtype=torch.float64, device="cuda")
+    lse = torch.full((rows, heads), -math.inf, dtype=torch.float64, device="cuda")
+    lens = c["seq_lens"].tolist()
+    for r in range(rows):
+        i, t = divmod(r, ql)
+        end = max(0, lens[i] - (ql - 1 - t)) if causal else lens[i]
+        start = max(0, end - window) if window else 0
+        if end <= start:
+            continue
+        pos = torch.arange(start, end, device="cuda")
+        keys = deq[c["block_table"][i, pos // page].long(), pos % page].double()
+        s = (q[r] @ keys.T) * SCALE
+        lse[r] = torch.logsumexp(s, -1)
+        o[r] = torch.softmax(s, -1) @ keys[:, :L]
+    return o, lse
+
+
+def poisoned(c, heads):
+    rows = c["q"].shape[0]
+    return (
+        torch.full((rows, heads, L), float("nan"), dtype=c["q"].dtype, device="cuda"),
+        torch.full((rows, heads), float("nan"), dtype=torch.float32, device="cuda"),
+    )
+
+
+def assert_close(o, lse, ref_o, ref_lse, what=""):
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any(), f"unwritten outputs {what}"
+    rel = float((o.double() - ref_o).norm() / ref_o.norm().clamp_min(1e-30))
+    assert rel <= O_TOL, f"o error {rel:.3e} {what}"
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), f"-inf rows differ {what}"
+    if finite.any():
+        err = float((lse.double()[finite] - ref_lse[finite]).abs().max())
+        assert err <= LSE_TOL, f"lse error {err:.3e} {what}"
+
+
+# ---------------------------------------------------------------- on the GPU
+
+CASES = [
+    # (heads, page, lens, kv, q dtype, query_len, causal, window, split q)
+    (16, 64, [700, 1500, 33, 0], "bf16", "bf16", 1, True, None, False),
+    (128, 64, [4096, 1000], "bf16", "bf16", 1, True, None, True),
+    (16, 16, [900, 5, 0], "fp8", "bf16", 1, True, None, False),
+    (16, 16, [900, 5], "fp8_u8", "bf16", 1, True, None, False),
+    (32, 1, [300, 1200], "fp8_e5m2", "f16", 2, False, None, False),
+    (16, 64, [3000, 2, 400], "f16", "f16", 3, True, None, True),
+    (64, 33, [2000, 77], "bf16", "bf16", 4, True, 100, False),
+    (20, 3, [1000, 10, 257], "bf16", "bf16", 1, True, 64, False),
+]
+
+
+@needs_gpu
+@pytest.mark.parametrize("heads,page,lens,kv,qd,query_len,causal,window,split_q", CASES)
+def test_matches_the_reference(heads, page, lens, kv, qd, query_len, causal, window, split_q):
+    q_dtype = torch.bfloat16 if qd == "bf16" else torch.float16
+    c = make_case(len(lens), heads, lens, page, kv=kv, q_dtype=q_dtype, query_len=query_len, seed=heads + page)
+    cache_dtype = {"bf16": "bfloat16", "f16": "float16", "fp8": "fp8", "fp8_u8": "fp8", "fp8_e5m2": "fp8_e5m2"}[kv]
+    dec = mla_rs.MlaDecode(heads, SCALE, kv_cache_dtype=cache_dtype, sliding_window=window, dtype=q_dtype)
+    q = (c["q"][..., :L], c["q"][..., L:]) if split_q else c["q"]
+    o, lse = poisoned(c, heads)
+    dec.forward(q, c["kv"], c["block_table"], c["seq_lens"], k_scale=c["k_scale"], query_len=query_len,
+                causal=causal, out=o, lse_out=lse)
+    dec.check_device_errors()
+    assert_close(o, lse, *reference(c, causal=causal, window=window))
+
+
+@needs_gpu
+def test_allocates_its_outputs_when_none_are_given():
+    c = make_case(3, 16, [100, 2000, 1], 64)
+    o, lse = mla_rs.MlaDecode(16, SCALE).forward(c["q"], c["kv"], c["block_table"], c["seq_lens"])
+    assert o.dtype == torch.bfloat16 and o.shape == (3, 16, L) and lse.dtype == torch.float32
+    assert_close(o, lse, *reference(c))
+
+
+@needs_gpu
+def test_replays_a_captured_graph_with_new_lengths():
+    c = make_case(3, 64, [4000, 4000, 4000], 16, query_len=2)
+    dec = mla_rs.MlaDecode(64, SCALE)
+    dec.reserve_workspace(6, 8192)
+    dec.lock_workspace()
+    dec.register_decode_warmup(c["kv"], "auto")
+    o, lse = poisoned(c, 64)
+    seq_lens = c["seq_lens"].clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dec.forward(c["q"], c["kv"], c["block_table"], seq_lens, query_len=2, out=o, lse_out=lse)
+    for lens in ([1000, 300, 4000], [1, 0, 2500], [4000, 4000, 17]):
+        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        c["block_table"].copy_(c["block_table"][torch.randperm(3, device="cuda")])
+        o.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        dec.check_device_errors()
+        case = dict(c, seq_lens=seq_lens)
+        assert_close(o, lse, *reference(case), what=str(lens))
+
+
+@needs_gpu
+def test_a_graph_reads_a_new_k_scale_tensor():
+    c = make_case(2, 16, [3000, 700], 64, kv="fp8")
+    k_scale = torch.tensor([0.5], dtype=torch.float32, device="cuda")
+    dec = mla_rs.MlaDecode(16, SCALE, kv_cache_dtype="fp8")
+    dec.reserve_workspace(2, 4096)
+    dec.lock_workspace()
+    dec.register_decode_warmup(c["kv"], "fp8")
+    o, lse = poisoned(c, 16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dec.forward(c["q"], c["kv"], c["block_table"], c["seq_lens"], k_scale=k_scale, out=o, lse_out=lse)
+    for k in (0.5, 0.125):
+        k_scale.fill_(k)
+        o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        deq = (c["kv"].float() * k).to(torch.bfloat16).float()
+        assert_close(o, lse, *reference(c, deq=deq), what=f"k_scale {k}")
+
+
+@needs_gpu
+def test_runs_on_torchs_current_stream():
+    c = make_case(4, 16, [5000, 17, 900, 3000], 64)
+    dec = mla_rs.MlaDecode(16, SCALE)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        o, lse = poisoned(c, 16)
+        dec.forward(c["q"], c["kv"], c["block_table"], c["seq_lens"], out=o, lse_out=lse)
+    side.synchronize()
+    assert_close(o, lse, *reference(c))
+
+
+@needs_gpu
+@pytest.mark.parametrize("kv,lse_dtype", [("bf16", torch.bfloat16), ("fp8_u8", torch.float32)] if HAS_GPU else [])
+def test_the_vllm_drop_in_matches_mla_decode(kv, lse_dtype):
+    c = make_case(5, 16, [700, 1, 3000, 0, 64], 64, kv=kv)
+    rows, heads = 5, 16
+    k_buffer = c["kv"].unsqueeze(2)  # vLLM's [blocks, page, 1, 576]
+    v_buffer = k_buffer[..., :L]
+    o = torch.full((rows, heads, L), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((rows, heads), float("nan"), dtype=lse_dtype, device="cuda")
+    splits = 8
+    attn_logits = torch.empty(rows, heads, splits, L + 1, dtype=torch.float32, device="cuda")
+    k_scale = torch.tensor([c["k_scale"]], dtype=torch.float32, device="cuda")
+    mla_rs.decode_attention_fwd(c["q"], k_buffer, v_buffer, o, lse, c["block_table"], c["seq_lens"], attn_logits,
+                                splits, SCALE, page_size=64, k_scale=k_scale, v_scale=k_scale, is_mla=True)
+    ref_o, ref_lse = reference(c)
+    cache_dtype = "fp8" if kv.startswith("fp8") else "auto"
+    o2, lse2 = mla_rs.MlaDecode(heads, SCALE, kv_cache_dtype=cache_dtype).forward(
+        c["q"], c["kv"], c["block_table"], c["seq_lens"], k_scale=c["k_scale"])
+    assert_close(o2, lse2, ref_o, ref_lse)
+    rel = float((o.double() - o2.double()).norm() / o2.double().norm())
+    assert rel <= O_TOL, rel
+    finite = torch.isfinite(ref_lse)
+    tol = 0.05 if lse_dtype == torch.bfloat16 else LSE_TOL  # bf16 holds about 3 digits
+    assert float((lse.double()[finite] - ref_lse[finite]).abs().max()) <= tol
+    assert torch.equal(torch.isfinite(lse), finite)
+
+
+@needs_gpu
+def test_argument_errors_name_the_argument():
+    c = make_case(2, 16, [100, 40], 16)
+    dec = mla_rs.MlaDecode(16, SCALE)
+    args = [c["q"], c["kv"], c["block_table"], c["seq_lens"]]
+
+    def call(i, value, **kw):
+        a = list(args)
+        a[i] = value
+        return dec.forward(*a, **kw)
+
+    with pytest.raises(ValueError, match="q: expected a CUDA tensor, got one on cpu"):
+        call(0, c["q"].cpu())
+    with pytest.raises(ValueError, match="q: expected dtype bf16, got f32"):
+        call(0, c["q"].float())
+    with pytest.raises(ValueError, match=r"q: expected shape \[rows, 16, 576\]"):
+        call(0, c["q"][:, :8])
+    wide = torch.zeros(2, 16, 2 * D, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="q: the last dimension must be contiguous"):
+        call(0, wide[..., ::2])
+    with pytest.raises(ValueError, match=r"block_table: expected shape \[2, max_blocks\]"):
+        call(2, c["block_table"][:1])
+    with pytest.raises(ValueError, match="seq_lens: dtype torch.int64 is not one mla reads"):
+        call(3, c["seq_lens"].long())
+    with pytest.raises(ValueError, match="seq_lens: expected dtype i32, got f32"):
+        call(3, c["seq_lens"].float())
+    with pytest.raises(ValueError, match="kv_cache: expected a 3-dimensional tensor"):
+        call(1, c["kv"].unsqueeze(2))
+    three = torch.tensor([1, 2, 3], dtype=torch.int32, device="cuda")
+    table3 = torch.cat([c["block_table"], c["block_table"][:1]])
+    with pytest.raises(ValueError, match=r"block_table: expected shape \[3, max_blocks\]"):
+        call(3, three)
+    with pytest.raises(ValueError, match="non-uniform decode block: 2 query rows over 3 requests"):
+        dec.forward(c["q"], c["kv"], table3, three)
+    out = torch.empty(2, 16, L, dtype=torch.float16, device="cuda")
+    with pytest.raises(ValueError, match="o: expected dtype bf16, got f16"):
+        dec.forward(*args, out=out)
