@@ -58,9 +58,9 @@ impl MlaDecode {
     /// The configuration errors of [`MlaConfig::validate`]; [`Error::CudaNotCompiled`] or
     /// [`Error::NoCudaDevice`] for a GPU that cannot be used.
     pub fn new(config: &MlaConfig, device: Device) -> Result<Self> {
-        let (backend, info) = Backend::open(device)?;
+        let (mut backend, info) = Backend::open(device)?;
         let config = config.validate(&info)?;
-        backend.check_config(&config)?;
+        backend.configure(&config)?;
         Ok(MlaDecode {
             config,
             device: info,
@@ -248,7 +248,7 @@ impl MlaDecode {
         }
         let counts = self.warmup_split_counts()?;
         let max = counts.iter().copied().max().unwrap_or(1);
-        self.backend.warmup(&self.config, max)?;
+        self.backend.warmup(max)?;
         Ok(counts)
     }
 

@@ -329,3 +329,39 @@ fn decodes_run_on_a_stream_of_the_callers() {
     let run = gpu::run_case_on(&mut dec, &case);
     gpu::assert_close(&case, &run);
 }
+
+#[test]
+fn configurations_the_kernels_cannot_index_are_refused_when_opened() {
+    // 65536 heads x 8 DCP ranks: more query heads than the kernels' grid holds. Refused by
+    // MlaDecode::new on a GPU (the CPU backend takes it), before any decode.
+    let mut cfg = mla::MlaConfig::new(1 << 16, 0.1);
+    cfg.dcp_world_size = 8;
+    assert!(mla::MlaDecode::new(&cfg, mla::Device::Cpu).is_ok());
+    let Some(e) = gpu::open_err(&cfg) else {
+        return;
+    };
+    assert!(
+        matches!(
+            e,
+            Error::InvalidConfig {
+                field: "num_heads",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // An L the kernels do not tile.
+    let mut cfg = mla::MlaConfig::new(16, 0.1);
+    cfg.kv_lora_rank = 192;
+    let e = gpu::open_err(&cfg).expect("a GPU was found above");
+    assert!(
+        matches!(
+            e,
+            Error::InvalidConfig {
+                field: "kv_lora_rank",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}

@@ -92,27 +92,28 @@ impl Backend {
         }
     }
 
-    /// Backend-specific limits on the configuration (the CUDA kernels' shapes).
-    pub(crate) fn check_config(&self, cfg: &ValidConfig) -> Result<()> {
+    /// Backend-specific limits on the configuration; the CUDA backend also chooses its
+    /// kernels for it here, once.
+    pub(crate) fn configure(&mut self, cfg: &ValidConfig) -> Result<()> {
         match self {
             Backend::Cpu(_) => {
                 let _ = cfg;
                 Ok(())
             }
             #[cfg(feature = "cuda")]
-            Backend::Cuda(b) => b.check_config(cfg),
+            Backend::Cuda(b) => b.configure(cfg),
         }
     }
 
-    /// Prepares every kernel a decode with this configuration can pick.
-    pub(crate) fn warmup(&mut self, cfg: &ValidConfig, max_splits: usize) -> Result<()> {
+    /// Prepares every kernel the configured decoder can pick.
+    pub(crate) fn warmup(&mut self, max_splits: usize) -> Result<()> {
         match self {
             Backend::Cpu(_) => {
-                let _ = (cfg, max_splits);
+                let _ = max_splits;
                 Ok(())
             }
             #[cfg(feature = "cuda")]
-            Backend::Cuda(b) => b.warmup(cfg, max_splits).map(|_| ()),
+            Backend::Cuda(b) => b.warmup(max_splits),
         }
     }
 

@@ -158,30 +158,30 @@ impl DecodePlan {
         dtype("o", outputs.o.dtype(), model)?;
         dtype("lse", outputs.lse.dtype(), DType::F32)?;
 
-        // 2. devices
-        let mut locations = vec![
-            ("kv_cache", inputs.kv_cache.location()),
-            ("block_table", inputs.block_table.location()),
-            ("seq_lens", inputs.seq_lens.location()),
-            ("o", outputs.o.location()),
-            ("lse", outputs.lse.location()),
-        ];
-        match &inputs.q {
-            Query::Packed(q) => locations.push(("q", q.location())),
-            Query::Split { nope, rope } => {
-                locations.push(("q_nope", nope.location()));
-                locations.push(("q_pe", rope.location()));
-            }
-        }
-        for (arg, got) in locations {
-            if got != location {
-                return Err(Error::WrongDevice {
+        // 2. devices (q first, as the arguments come; nothing allocated on this path)
+        let on_device = |arg: &'static str, got: Location| {
+            if got == location {
+                Ok(())
+            } else {
+                Err(Error::WrongDevice {
                     arg,
                     expected: location.to_string(),
                     got: got.to_string(),
-                });
+                })
+            }
+        };
+        match &inputs.q {
+            Query::Packed(q) => on_device("q", q.location())?,
+            Query::Split { nope, rope } => {
+                on_device("q_nope", nope.location())?;
+                on_device("q_pe", rope.location())?;
             }
         }
+        on_device("kv_cache", inputs.kv_cache.location())?;
+        on_device("block_table", inputs.block_table.location())?;
+        on_device("seq_lens", inputs.seq_lens.location())?;
+        on_device("o", outputs.o.location())?;
+        on_device("lse", outputs.lse.location())?;
 
         // 3. shapes
         let rows = inputs.q.rows();
@@ -318,13 +318,7 @@ impl DecodePlan {
         if let Some(t) = &inputs.k_scale_tensor {
             dtype("k_scale", t.dtype(), DType::F32)?;
             shape("k_scale", t.shape(), [Dim::Is(1)])?;
-            if t.location() != location {
-                return Err(Error::WrongDevice {
-                    arg: "k_scale",
-                    expected: location.to_string(),
-                    got: t.location().to_string(),
-                });
-            }
+            on_device("k_scale", t.location())?;
         }
         // A scale in device memory is read by the kernels; one on the host is checked here.
         let k_scale = match (cfg.kv_format.is_fp8(), inputs.host_k_scale()) {

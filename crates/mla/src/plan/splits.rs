@@ -50,16 +50,12 @@ impl SplitRule {
                 let most = max_kv_len
                     .div_ceil(TILE * MIN_TILES)
                     .clamp(1, max_splits.max(1));
-                // The cheapest count; ties go to fewer splits.
+                // The cheapest count (each cost computed once: this runs on every decode);
+                // ties go to fewer splits.
                 (1..=most)
-                    .min_by(|&x, &y| {
-                        let (cx, cy) = (
-                            self.fill_cost(max_kv_len, rows, heads, x),
-                            self.fill_cost(max_kv_len, rows, heads, y),
-                        );
-                        cx.total_cmp(&cy).then(x.cmp(&y))
-                    })
-                    .unwrap_or(1)
+                    .map(|s| (self.fill_cost(max_kv_len, rows, heads, s), s))
+                    .min_by(|(cx, x), (cy, y)| cx.total_cmp(cy).then(x.cmp(y)))
+                    .map_or(1, |(_, s)| s)
             }
         }
     }

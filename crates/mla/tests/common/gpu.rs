@@ -26,6 +26,19 @@ pub fn open(cfg: &MlaConfig) -> Option<MlaDecode> {
     }
 }
 
+/// The error opening a GPU decoder with `cfg` gives, or None where there is no GPU.
+/// Panics if the decoder opens.
+pub fn open_err(cfg: &MlaConfig) -> Option<Error> {
+    match MlaDecode::new(cfg, Device::Cuda(0)) {
+        Ok(_) => panic!("a GPU decoder opened with {cfg:?}"),
+        Err(e @ (Error::NoCudaDevice(_) | Error::CudaNotCompiled)) => {
+            say_skipped(&e);
+            None
+        }
+        Err(e) => Some(e),
+    }
+}
+
 /// Prints, once per process, why GPU tests skip.
 pub fn say_skipped(e: &Error) {
     use std::io::Write;

@@ -2,18 +2,14 @@
 //! headers, and kernel launches. Everything above this module is safe Rust.
 #![allow(unsafe_code)]
 
-use std::ffi::{CString, c_char, c_int};
+use std::ffi::{CString, c_char, c_int, c_void};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaStream};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
 use super::params::DecodeParams;
 use crate::error::{Error, Result};
-
-// SAFETY: `DecodeParams` is `#[repr(C)]`, holds only integers and floats, and matches the
-// CUDA struct the kernels take by value (size checked on both sides).
-unsafe impl DeviceRepr for DecodeParams {}
 
 /// Whether libcuda and libnvrtc can be loaded (cudarc panics on first use otherwise).
 pub fn libraries_present() -> std::result::Result<(), String> {
@@ -136,32 +132,40 @@ pub fn compile_cubin(
     result
 }
 
-/// Launches `func` with the decode parameters as its one argument.
+/// Launches `func` with the decode parameters as its one argument. Straight to the driver
+/// (cudarc's launch builder collects arguments in a `Vec`): the decode path allocates nothing.
 ///
 /// # Errors
 /// [`Error::Driver`] if the launch is refused.
 pub fn launch(
-    stream: &Arc<CudaStream>,
+    stream: &CudaStream,
     func: &CudaFunction,
     grid: (u32, u32),
     threads: u32,
     smem: u32,
     params: &DecodeParams,
 ) -> Result<()> {
-    let cfg = LaunchConfig {
-        grid_dim: (grid.0, grid.1, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: smem,
-    };
-    let mut builder = stream.launch_builder(func);
-    builder.arg(params);
-    // SAFETY: every kernel of this crate takes exactly one `DecodeParams` by value. The
-    // addresses in it were checked by the plan (shapes, strides, bounds of every view) and by
-    // the backend (alignment); the kernels bound-check every block id they read. The
-    // workspace views lie inside the workspace allocation, sized for this plan.
-    unsafe { builder.launch(cfg) }.map_err(|e| Error::Driver {
-        op: "launch",
-        source: e,
-    })?;
-    Ok(())
+    let fail = |op| move |source| Error::Driver { op, source };
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(fail("bind the context"))?;
+    let mut args = [params as *const DecodeParams as *mut c_void];
+    // SAFETY: every kernel of this crate takes exactly one `DecodeParams` by value (the struct
+    // of `kernels/params.cuh`, size checked on both sides); `args` holds its address and
+    // outlives the call, which copies it. The addresses in it were checked by the plan
+    // (shapes, strides, bounds of every view) and by the backend (alignment); the kernels
+    // bound-check every block id they read. The workspace views lie inside the workspace
+    // allocation, sized for this plan. `func` belongs to the stream's context, bound above.
+    unsafe {
+        cudarc::driver::result::launch_kernel(
+            func.cu_function(),
+            (grid.0, grid.1, 1),
+            (threads, 1, 1),
+            smem,
+            stream.cu_stream(),
+            &mut args,
+        )
+    }
+    .map_err(fail("launch"))
 }

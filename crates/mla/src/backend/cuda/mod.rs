@@ -38,6 +38,13 @@ struct Loaded {
     func: CudaFunction,
 }
 
+/// The two kernels a configuration decodes with, chosen once by [`CudaBackend::configure`].
+#[derive(Debug, Clone, Copy)]
+struct ConfigKernels {
+    decode: Variant,
+    combine: Variant,
+}
+
 /// The CUDA backend of one device.
 #[derive(Debug)]
 pub struct CudaBackend {
@@ -50,6 +57,8 @@ pub struct CudaBackend {
     target: Target,
     smem_limit: usize,
     kernels: HashMap<Variant, Loaded>,
+    /// What `configure` chose for the decoder's configuration.
+    chosen: Option<ConfigKernels>,
     /// Variants built (compiled or read from disk) and loaded by this backend.
     builds: Vec<Built>,
     workspace: Option<CudaSlice<u8>>,
@@ -107,6 +116,7 @@ impl CudaBackend {
             target,
             smem_limit,
             kernels: HashMap::new(),
+            chosen: None,
             builds: Vec::new(),
             workspace: None,
             error_flag,
@@ -159,12 +169,13 @@ impl CudaBackend {
         &self.builds
     }
 
-    /// The shapes the kernels support: L a multiple of 128 up to 512, R a multiple of 16,
-    /// and a variant whose shared memory fits the device.
+    /// Checks the shapes the kernels support (L a multiple of 128 up to 512, R a multiple of
+    /// 16, a variant whose shared memory fits the device) and chooses, once, the kernels every
+    /// decode of this configuration launches.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the field.
-    pub fn check_config(&self, cfg: &ValidConfig) -> Result<()> {
+    pub(crate) fn configure(&mut self, cfg: &ValidConfig) -> Result<()> {
         let l = cfg.kv_lora_rank;
         if !l.is_multiple_of(128) || l > 512 {
             return Err(Error::config(
@@ -181,13 +192,19 @@ impl CudaBackend {
                 ),
             ));
         }
-        self.decode_variant(cfg.q_heads, cfg).map(|_| ())
-    }
-
-    fn decode_variant(&self, heads: usize, cfg: &ValidConfig) -> Result<Variant> {
-        registry::decode_variant(
-            heads,
-            cfg.kv_lora_rank,
+        // The kernels index heads with i32; the combine's grid has heads / 4 in y (<= 65535).
+        if i32::try_from(cfg.q_heads).is_err() || cfg.q_heads.div_ceil(4) > 65_535 {
+            return Err(Error::config(
+                "num_heads",
+                format!(
+                    "the CUDA backend takes at most 262140 query heads, got {}",
+                    cfg.q_heads
+                ),
+            ));
+        }
+        let decode = registry::decode_variant(
+            cfg.q_heads,
+            l,
             cfg.rope_dim,
             cfg.model_dtype,
             cfg.kv_format,
@@ -198,28 +215,39 @@ impl CudaBackend {
                 "qk_rope_head_dim",
                 format!(
                     "L + R = {} needs more shared memory than the device's {} bytes per block",
-                    cfg.kv_lora_rank + cfg.rope_dim,
+                    l + cfg.rope_dim,
                     self.smem_limit
                 ),
+            )
+        })?;
+        self.chosen = Some(ConfigKernels {
+            decode,
+            combine: registry::combine_variant(l, cfg.model_dtype),
+        });
+        Ok(())
+    }
+
+    fn chosen(&self) -> Result<ConfigKernels> {
+        self.chosen.ok_or_else(|| {
+            Error::config(
+                "num_heads",
+                "the CUDA backend was not configured for a decoder",
             )
         })
     }
 
-    /// Builds and loads every kernel a decoder with this configuration can pick: the stage-1
-    /// variant of its head count and cache format and, when a split count above one is
-    /// possible, the combine. Returns the variants.
+    /// Builds and loads every kernel the configured decoder can pick: its stage-1 variant
+    /// and, when a split count above one is possible, the combine.
     ///
     /// # Errors
     /// [`Error::Compile`], [`Error::Driver`].
-    pub fn warmup(&mut self, cfg: &ValidConfig, max_splits: usize) -> Result<Vec<Variant>> {
-        let mut variants = vec![self.decode_variant(cfg.q_heads, cfg)?];
+    pub(crate) fn warmup(&mut self, max_splits: usize) -> Result<()> {
+        let k = self.chosen()?;
+        self.kernel(k.decode)?;
         if max_splits > 1 {
-            variants.push(registry::combine_variant(cfg.kv_lora_rank, cfg.model_dtype));
+            self.kernel(k.combine)?;
         }
-        for v in &variants {
-            self.kernel(*v)?;
-        }
-        Ok(variants)
+        Ok(())
     }
 
     /// Builds and loads every variant this device can use with DeepSeek shapes (both model
@@ -294,7 +322,7 @@ impl CudaBackend {
     ///
     /// # Errors
     /// [`Error::Driver`] when the device memory is not available.
-    pub fn resize_workspace(&mut self, bytes: usize) -> Result<()> {
+    pub(crate) fn resize_workspace(&mut self, bytes: usize) -> Result<()> {
         // Decodes still running may use the old one; the new one must exist before the next
         // launch, whichever stream it is on.
         self.stream.synchronize().map_err(driver("synchronize"))?;
@@ -314,7 +342,7 @@ impl CudaBackend {
     ///
     /// # Errors
     /// [`Error::DeviceCheck`], [`Error::Driver`].
-    pub fn check_errors(&mut self) -> Result<()> {
+    pub(crate) fn check_errors(&mut self) -> Result<()> {
         self.stream.synchronize().map_err(driver("synchronize"))?;
         let flag = self
             .stream
@@ -336,7 +364,7 @@ impl CudaBackend {
     /// [`Error::Stride`] for tensors the kernels cannot read with 16-byte loads,
     /// [`Error::Compile`] or [`Error::Driver`] for a kernel not warmed up that fails to build,
     /// [`Error::Driver`] for a refused launch.
-    pub fn forward(
+    pub(crate) fn forward(
         &mut self,
         plan: &DecodePlan,
         inputs: &DecodeInputs<'_>,
@@ -352,51 +380,41 @@ impl CudaBackend {
         if plan.rows == 0 {
             return Ok(());
         }
-        let decode = registry::decode_variant(
-            plan.heads,
-            plan.kv_lora_rank,
-            plan.rope_dim,
-            plan.model_dtype,
-            plan.kv_format,
-            self.smem_limit,
-        )
-        .ok_or_else(|| Error::config("qk_rope_head_dim", "no kernel variant fits the device"))?;
-        // The kernels index with i32 and the grid's y dimension holds at most 65535.
+        let k = self.chosen()?;
+        // The kernels index with i32 and the grid's y dimension holds at most 65535 (heads
+        // were bounded by `configure`).
         let fits_i32 = [
             plan.rows,
-            plan.heads,
             plan.kv.num_blocks,
             plan.kv.page_size,
             plan.max_blocks,
         ]
         .iter()
         .all(|&x| i32::try_from(x).is_ok());
-        if !fits_i32 || plan.heads.div_ceil(4) > 65_535 {
+        if !fits_i32 {
             return Err(too_big(plan));
         }
         let params = DecodeParams::new(plan, &ptr);
-        let rows_per_cta = 16 * decode.row_warps;
+        let rows_per_cta = 16 * k.decode.row_warps;
         let head_blocks = plan.heads.div_ceil(rows_per_cta);
         let grid_x = u32::try_from(plan.rows * head_blocks).map_err(|_| too_big(plan))?;
         let splits = u32::try_from(plan.num_kv_splits)
             .ok()
             .filter(|&s| s <= 65_535)
             .ok_or_else(|| too_big(plan))?;
-        let stream = self.stream.clone();
-        let f = self.kernel(decode)?.clone();
+        let f = self.kernel(k.decode)?.clone();
         ffi::launch(
-            &stream,
+            &self.stream,
             &f,
             (grid_x, splits),
-            decode.threads(),
-            decode.smem_bytes() as u32,
+            k.decode.threads(),
+            k.decode.smem_bytes() as u32,
             &params,
         )?;
         if plan.num_kv_splits > 1 {
-            let combine = registry::combine_variant(plan.kv_lora_rank, plan.model_dtype);
-            let f = self.kernel(combine)?.clone();
+            let f = self.kernel(k.combine)?.clone();
             let grid = (plan.rows as u32, plan.heads.div_ceil(4) as u32);
-            ffi::launch(&stream, &f, grid, combine.threads(), 0, &params)?;
+            ffi::launch(&self.stream, &f, grid, k.combine.threads(), 0, &params)?;
         }
         Ok(())
     }
