@@ -257,13 +257,18 @@ fn time_cpu(dec: &mut MlaDecode, problem: &Problem, iters: usize) -> mla::Result
         dec.forward(&inputs, &mut out.views()?)?;
         times.push(t.elapsed().as_secs_f64());
     }
-    times.sort_by(f64::total_cmp);
     Ok(Timed {
         plan,
         o,
         lse,
-        secs: times[times.len() / 2],
+        secs: median(times),
     })
+}
+
+/// The median of timings (the upper one of an even count); NaN for none.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Bytes a decode must move (each request's keys once, q in, o out) and the FLOPs of its two

@@ -11,11 +11,7 @@ use mla::synth::Problem;
 use mla::synth::device::DeviceOutputs;
 use mla::{DecodeInputs, DecodePlan, Error, MlaDecode};
 
-use crate::bench::Timed;
-
-fn driver(op: &'static str) -> impl Fn(mla::cudarc::driver::DriverError) -> Error {
-    move |source| Error::Driver { op, source }
-}
+use crate::bench::{Timed, median};
 
 /// Captures `n` decodes in one graph.
 fn capture(
@@ -26,7 +22,7 @@ fn capture(
     n: usize,
 ) -> mla::Result<CudaGraph> {
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        .map_err(driver("begin graph capture"))?;
+        .map_err(Error::driver("begin graph capture"))?;
     let mut result = Ok(());
     for _ in 0..n {
         result = out
@@ -38,7 +34,7 @@ fn capture(
     }
     let graph = s
         .end_capture(CUgraphInstantiate_flags(0))
-        .map_err(driver("end graph capture"));
+        .map_err(Error::driver("end graph capture"));
     result?;
     graph?.ok_or_else(|| Error::NoCudaDevice("an empty graph was captured".into()))
 }
@@ -48,17 +44,20 @@ fn replay_ms(s: &Arc<CudaStream>, graph: &CudaGraph, replays: usize) -> mla::Res
     let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
     let mut ms = Vec::with_capacity(replays);
     for _ in 0..replays {
-        let start = s.record_event(flags).map_err(driver("record an event"))?;
-        graph.launch().map_err(driver("replay the graph"))?;
-        let end = s.record_event(flags).map_err(driver("record an event"))?;
-        ms.push(start.elapsed_ms(&end).map_err(driver("read the events"))? as f64);
+        let start = s
+            .record_event(flags)
+            .map_err(Error::driver("record an event"))?;
+        graph.launch().map_err(Error::driver("replay the graph"))?;
+        let end = s
+            .record_event(flags)
+            .map_err(Error::driver("record an event"))?;
+        ms.push(
+            start
+                .elapsed_ms(&end)
+                .map_err(Error::driver("read the events"))? as f64,
+        );
     }
     Ok(ms)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Uploads the problem, warms the decoder up, checks one decode, then times graph replays.
@@ -69,12 +68,8 @@ pub fn time(dec: &mut MlaDecode, p: &Problem, replays: usize) -> mla::Result<Tim
         .ok_or_else(|| Error::NoCudaDevice("not a GPU decoder".into()))?;
     let dp = p.to_device(&s)?;
     let mut out = DeviceOutputs::poisoned(&s, p)?;
-    let max_seq_len = p.seq_lens.iter().map(|&l| l.max(0) as usize).max();
-    // vLLM's metadata carries the batch's longest length: the split count follows it.
-    let inputs = DecodeInputs {
-        max_seq_len,
-        ..dp.inputs(p, false)?
-    };
+    // These carry the batch's longest length, as vLLM's metadata does.
+    let inputs = dp.inputs(p, false)?;
     let cache_dtype = dec.config().cache_dtype;
     dec.register_decode_warmup(&inputs.kv_cache, cache_dtype)?;
     let plan: DecodePlan = dec.forward(&inputs, &mut out.views()?)?;

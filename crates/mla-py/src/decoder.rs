@@ -29,8 +29,6 @@ fn model_dtype(dtype: &Bound<'_, PyAny>) -> PyResult<ModelDtype> {
 pub struct PyMlaDecode {
     config: MlaConfig,
     inner: Option<MlaDecode>,
-    /// The max_model_len reserved for (by reserve_workspace, or by the first forward).
-    reserved: Option<usize>,
 }
 
 impl PyMlaDecode {
@@ -102,7 +100,6 @@ impl PyMlaDecode {
         Ok(PyMlaDecode {
             config,
             inner: None,
-            reserved: None,
         })
     }
 
@@ -116,12 +113,7 @@ impl PyMlaDecode {
     ) -> PyResult<()> {
         self.decoder(py, None)?
             .reserve_workspace(max_rows, max_model_len)
-            .map_err(to_py)?;
-        self.reserved = Some(
-            self.reserved
-                .map_or(max_model_len, |m| m.max(max_model_len)),
-        );
-        Ok(())
+            .map_err(to_py)
     }
 
     /// From now on a call that would need more scratch is an error, never an allocation.
@@ -167,21 +159,23 @@ impl PyMlaDecode {
         out: Option<Bound<'py, PyAny>>,
         lse_out: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        // q: one tensor, or (q_nope, q_pe).
-        let (query, first) = match q.cast::<PyTuple>() {
+        // q: one tensor, or (q_nope, q_pe); `first` gives the device, rows and dtype.
+        let (query, first, q0) = match q.cast::<PyTuple>() {
             Ok(parts) if parts.len() == 2 => {
-                let nope = CudaTensor::of(&parts.get_item(0)?, "q_nope")?;
-                let rope = CudaTensor::of(&parts.get_item(1)?, "q_pe")?;
+                let (nope_t, rope_t) = (parts.get_item(0)?, parts.get_item(1)?);
+                let nope = CudaTensor::of(&nope_t, "q_nope")?;
                 let query = Query::Split {
                     nope: nope.view("q_nope")?,
-                    rope: rope.view("q_pe")?,
+                    rope: CudaTensor::of(&rope_t, "q_pe")?.view("q_pe")?,
                 };
-                (query, parts.get_item(0)?)
+                (query, nope_t, nope)
             }
             Ok(_) => return Err(value_error("q: expected a tensor or a (q_nope, q_pe) pair")),
-            Err(_) => (Query::Packed(CudaTensor::of(q, "q")?.view("q")?), q.clone()),
+            Err(_) => {
+                let t = CudaTensor::of(q, "q")?;
+                (Query::Packed(t.view("q")?), q.clone(), t)
+            }
         };
-        let q0 = CudaTensor::of(&first, "q")?;
         let device = q0.device;
         let (rows, heads, l) = (
             q0.shape.first().copied().unwrap_or(0),
@@ -216,24 +210,18 @@ impl PyMlaDecode {
             }
         }
 
-        // Outputs: the caller's, or new torch tensors on q's device.
+        // Outputs: the caller's, or new torch tensors on q's device (o in q's dtype).
         let q_device = first.getattr("device")?;
         let out = match out {
             Some(o) => o,
-            None => torch::empty(
-                py,
-                &[rows, heads, l],
-                &first
-                    .getattr("dtype")?
-                    .str()?
-                    .to_string()
-                    .replace("torch.", ""),
-                &q_device,
-            )?,
+            None => torch::empty(py, &[rows, heads, l], &first.getattr("dtype")?, &q_device)?,
         };
         let lse_out = match lse_out {
             Some(o) => o,
-            None => torch::empty(py, &[rows, heads], "float32", &q_device)?,
+            None => {
+                let f32 = torch::torch(py)?.getattr("float32")?;
+                torch::empty(py, &[rows, heads], &f32, &q_device)?
+            }
         };
         let mut outputs = DecodeOutputs {
             o: CudaTensor::of(&out, "out")?.view_mut("out")?,
@@ -242,7 +230,8 @@ impl PyMlaDecode {
 
         // Without a reservation the first call reads the longest length (one host sync) and
         // reserves for it; reserve_workspace first to capture forward in a graph.
-        if self.reserved.is_none() {
+        let dec = self.decoder(py, Some(device))?;
+        if dec.reserved_model_len().is_none() {
             let longest: usize = if rows == 0 {
                 0
             } else {
@@ -252,15 +241,11 @@ impl PyMlaDecode {
                     .extract::<i64>()?
                     .max(0) as usize
             };
-            self.decoder(py, Some(device))?
-                .reserve_workspace(rows, longest)
-                .map_err(to_py)?;
-            self.reserved = Some(longest);
+            dec.reserve_workspace(rows, longest).map_err(to_py)?;
             inputs.max_seq_len = Some(longest);
         }
 
         let stream = torch::current_stream(py, device)?;
-        let dec = self.decoder(py, Some(device))?;
         let current = dec.cuda_stream().map(|s| s.cu_stream() as u64);
         if current != Some(stream) {
             let ctx = dec

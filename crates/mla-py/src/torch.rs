@@ -111,16 +111,16 @@ pub fn torch(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     py.import("torch")
 }
 
-/// `torch.empty(shape, dtype=torch.<dtype>, device=device)`.
+/// `torch.empty(shape, dtype=dtype, device=device)`.
 pub fn empty<'py>(
     py: Python<'py>,
     shape: &[usize],
-    dtype: &str,
+    dtype: &Bound<'py, PyAny>,
     device: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let torch = torch(py)?;
     let kwargs = pyo3::types::PyDict::new(py);
-    kwargs.set_item("dtype", torch.getattr(dtype)?)?;
+    kwargs.set_item("dtype", dtype)?;
     kwargs.set_item("device", device)?;
     torch.call_method("empty", (PyTuple::new(py, shape)?,), Some(&kwargs))
 }

@@ -174,6 +174,12 @@ impl MlaDecode {
         Ok(())
     }
 
+    /// The longest `max_model_len` reserved for so far (None before
+    /// [`MlaDecode::reserve_workspace`]).
+    pub fn reserved_model_len(&self) -> Option<usize> {
+        self.max_model_len
+    }
+
     /// Forbids the workspace to grow: from now on a decode that needs more is an error.
     pub fn lock_workspace(&mut self) {
         self.workspace.lock();
@@ -301,6 +307,18 @@ impl MlaDecode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reservation_is_the_longest_asked_for() {
+        let mut dec = MlaDecode::new(&MlaConfig::new(16, 0.1), Device::Cpu).unwrap();
+        assert_eq!(dec.reserved_model_len(), None);
+        dec.reserve_workspace(4, 8192).unwrap();
+        dec.reserve_workspace(8, 1024).unwrap();
+        assert_eq!(dec.reserved_model_len(), Some(8192));
+        let bytes = dec.workspace_bytes();
+        let (_, one_row) = plan::decode_workspace(1, 16, 1, 512).unwrap();
+        assert!(bytes >= 8 * one_row, "8 rows reserved, {bytes} bytes");
+    }
 
     #[test]
     fn a_decoder_can_move_between_threads() {

@@ -328,18 +328,28 @@ pub enum Error {
     },
 }
 
-/// The DeviceCheck bits in words.
+/// The bits of [`Error::DeviceCheck`] in words: `kernels/params.cuh`'s MLA_ERR_* (a test
+/// reads that file to keep the two in step).
+const DEVICE_CHECKS: [(&str, u32, &str); 3] = [
+    ("MLA_ERR_NEGATIVE_LEN", 1, "a negative seq_len (read as 0)"),
+    (
+        "MLA_ERR_BEYOND_TABLE",
+        2,
+        "a seq_len beyond the block table's capacity (the keys past it were skipped)",
+    ),
+    (
+        "MLA_ERR_BAD_BLOCK",
+        4,
+        "a block id outside the kv cache (its page was skipped, never read)",
+    ),
+];
+
 fn device_check_message(bits: u32) -> String {
-    let mut parts = Vec::new();
-    if bits & 1 != 0 {
-        parts.push("a negative seq_len (read as 0)");
-    }
-    if bits & 2 != 0 {
-        parts.push("a seq_len beyond the block table's capacity (the keys past it were skipped)");
-    }
-    if bits & 4 != 0 {
-        parts.push("a block id outside the kv cache (its page was skipped, never read)");
-    }
+    let parts: Vec<&str> = DEVICE_CHECKS
+        .iter()
+        .filter(|(_, bit, _)| bits & bit != 0)
+        .map(|(_, _, words)| *words)
+        .collect();
     if parts.is_empty() {
         return format!("unknown flags {bits:#x}");
     }
@@ -347,6 +357,13 @@ fn device_check_message(bits: u32) -> String {
 }
 
 impl Error {
+    /// The mapping of a failed driver call made while doing `op` to [`Error::Driver`], for
+    /// `map_err` (the mla CLI and tests use it around their own cudarc calls too).
+    #[cfg(feature = "cuda")]
+    pub fn driver(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
+        move |source| Error::Driver { op, source }
+    }
+
     /// Shorthand for [`Error::InvalidConfig`].
     pub(crate) fn config(field: &'static str, reason: impl Into<String>) -> Self {
         Error::InvalidConfig {
@@ -386,6 +403,19 @@ mod tests {
             s.contains("requires 3.00 MB, current size is 0.50 MB"),
             "{s}"
         );
+    }
+
+    #[test]
+    fn device_check_bits_are_the_kernels() {
+        let header = include_str!("../kernels/params.cuh");
+        for (name, bit, _) in DEVICE_CHECKS {
+            let line = header
+                .lines()
+                .find(|l| l.starts_with(&format!("#define {name} ")))
+                .unwrap_or_else(|| panic!("{name} not in params.cuh"));
+            let value = line.split_whitespace().nth(2).unwrap_or_default();
+            assert_eq!(value, format!("{bit}u"), "{line}");
+        }
     }
 
     #[test]

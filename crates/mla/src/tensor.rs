@@ -51,6 +51,26 @@ enum DataMut<'a> {
     },
 }
 
+impl Data<'_> {
+    /// The device address and ordinal; None for host memory.
+    fn device(&self) -> Option<(u64, usize)> {
+        match *self {
+            Data::Host(_) => None,
+            Data::Device { ptr, ordinal, .. } => Some((ptr, ordinal)),
+        }
+    }
+}
+
+impl DataMut<'_> {
+    /// The device address and ordinal; None for host memory.
+    fn device(&self) -> Option<(u64, usize)> {
+        match *self {
+            DataMut::Host(_) => None,
+            DataMut::Device { ptr, ordinal, .. } => Some((ptr, ordinal)),
+        }
+    }
+}
+
 /// A read-only view of a caller's tensor.
 #[derive(Debug, Clone, Copy)]
 pub struct TensorRef<'a, const N: usize> {
@@ -69,9 +89,21 @@ pub struct TensorMut<'a, const N: usize> {
     strides: [usize; N],
 }
 
-/// dtype, shape and strides accessors, the same for both view kinds.
+/// dtype, shape, strides and location accessors, the same for both view kinds.
 macro_rules! layout_accessors {
     () => {
+        /// Where the data is.
+        pub fn location(&self) -> Location {
+            self.data
+                .device()
+                .map_or(Location::Host, |(_, ordinal)| Location::Cuda(ordinal))
+        }
+
+        /// The device address of the first element; None for host memory.
+        pub fn device_ptr(&self) -> Option<u64> {
+            self.data.device().map(|(ptr, _)| ptr)
+        }
+
         /// Storage dtype.
         pub fn dtype(&self) -> DType {
             self.dtype
@@ -248,27 +280,11 @@ impl<'a, const N: usize> TensorRef<'a, N> {
         })
     }
 
-    /// Where the data is.
-    pub fn location(&self) -> Location {
-        match self.data {
-            Data::Host(_) => Location::Host,
-            Data::Device { ordinal, .. } => Location::Cuda(ordinal),
-        }
-    }
-
     /// The host bytes, from the first element; None for device memory.
     pub fn host_bytes(&self) -> Option<&'a [u8]> {
         match self.data {
             Data::Host(b) => Some(b),
             Data::Device { .. } => None,
-        }
-    }
-
-    /// The device address of the first element; None for host memory.
-    pub fn device_ptr(&self) -> Option<u64> {
-        match self.data {
-            Data::Host(_) => None,
-            Data::Device { ptr, .. } => Some(ptr),
         }
     }
 
@@ -341,27 +357,11 @@ impl<'a, const N: usize> TensorMut<'a, N> {
         })
     }
 
-    /// Where the data is.
-    pub fn location(&self) -> Location {
-        match self.data {
-            DataMut::Host(_) => Location::Host,
-            DataMut::Device { ordinal, .. } => Location::Cuda(ordinal),
-        }
-    }
-
     /// The host data as `T`; None for device memory or another dtype.
     pub fn host_slice_mut<T: Element>(&mut self) -> Option<&mut [T]> {
         match &mut self.data {
             DataMut::Host(b) if T::DTYPE == self.dtype => bytemuck::try_cast_slice_mut(b).ok(),
             _ => None,
-        }
-    }
-
-    /// The device address of the first element; None for host memory.
-    pub fn device_ptr(&self) -> Option<u64> {
-        match self.data {
-            DataMut::Host(_) => None,
-            DataMut::Device { ptr, .. } => Some(ptr),
         }
     }
 }

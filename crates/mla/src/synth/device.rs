@@ -12,12 +12,8 @@ use crate::dtype::{DType, ModelDtype};
 use crate::error::{Error, Result};
 use crate::tensor::{TensorMut, TensorRef, contiguous_strides};
 
-fn driver(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
-    move |source| Error::Driver { op, source }
-}
-
 fn upload<T: DeviceRepr>(s: &Arc<CudaStream>, v: &[T]) -> Result<CudaSlice<T>> {
-    s.clone_htod(v).map_err(driver("copy to the device"))
+    s.clone_htod(v).map_err(Error::driver("copy to the device"))
 }
 
 /// 16-bit values on the device.
@@ -57,7 +53,7 @@ impl DeviceHalf {
     /// # Errors
     /// [`Error::Driver`].
     pub fn download(&self, s: &Arc<CudaStream>) -> Result<Vec<f32>> {
-        let d = driver("copy to the host");
+        let d = Error::driver("copy to the host");
         Ok(match self {
             DeviceHalf::Bf16(v) => s
                 .clone_dtoh(v)
@@ -204,7 +200,7 @@ impl DeviceOutputs {
     /// [`Error::Driver`].
     pub fn poison(&mut self, s: &Arc<CudaStream>) -> Result<()> {
         let n = self.shape.iter().product::<usize>();
-        let d = driver("copy to the device");
+        let d = Error::driver("copy to the device");
         match &mut self.o {
             DeviceHalf::Bf16(v) => s.memcpy_htod(&vec![bf16::NAN; n], v).map_err(&d)?,
             DeviceHalf::F16(v) => s.memcpy_htod(&vec![f16::NAN; n], v).map_err(&d)?,
@@ -240,7 +236,7 @@ impl DeviceOutputs {
     pub fn download(&self, s: &Arc<CudaStream>) -> Result<(Vec<f32>, Vec<f32>)> {
         let lse = s
             .clone_dtoh(&self.lse)
-            .map_err(driver("copy to the host"))?;
+            .map_err(Error::driver("copy to the host"))?;
         Ok((self.o.download(s)?, lse))
     }
 }

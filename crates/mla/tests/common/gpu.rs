@@ -59,6 +59,15 @@ pub fn stream(dec: &MlaDecode) -> Arc<CudaStream> {
     dec.cuda_stream().expect("a GPU decoder").clone()
 }
 
+/// The problem's host inputs, with the query packed or as two strided parts.
+pub fn host_inputs(p: &Problem, split_q: bool) -> mla::DecodeInputs<'_> {
+    let mut inputs = p.inputs().unwrap();
+    if split_q {
+        inputs.q = p.query_split().unwrap();
+    }
+    inputs
+}
+
 /// The CPU backend's outputs for a problem, split as the GPU splits (same SM count).
 pub fn cpu_outputs(
     case: &Case,
@@ -70,11 +79,8 @@ pub fn cpu_outputs(
     cfg.split_units = Some(sm_count);
     let mut dec = MlaDecode::new(&cfg, Device::Cpu).unwrap();
     let mut out = Outputs::poisoned(p);
-    let mut inputs = p.inputs().unwrap();
-    if split_q {
-        inputs.q = p.query_split().unwrap();
-    }
-    dec.forward(&inputs, &mut out.views().unwrap()).unwrap();
+    dec.forward(&host_inputs(p, split_q), &mut out.views().unwrap())
+        .unwrap();
     (out.o.to_f32(), out.lse)
 }
 
@@ -127,11 +133,7 @@ pub fn run_case_on(dec: &mut MlaDecode, case: &Case) -> GpuRun {
     dec.check_device_errors().expect("no device-side error");
     let (o, lse) = out.download(&s).unwrap();
 
-    let mut host_inputs = p.inputs().unwrap();
-    if case.split_q {
-        host_inputs.q = p.query_split().unwrap();
-    }
-    let r = reference::decode_f64(dec.config(), &host_inputs, None).unwrap();
+    let r = reference::decode_f64(dec.config(), &host_inputs(&p, case.split_q), None).unwrap();
     let vs_reference = r.accuracy(&o, &lse);
     let (co, cl) = cpu_outputs(case, &p, dec.config().sm_count, case.split_q);
     let vs_cpu = distance(

@@ -24,7 +24,7 @@ impl Target {
     /// # Errors
     /// [`crate::Error::NoCudaDevice`] when libnvrtc cannot be loaded.
     pub fn new(major: u32, minor: u32) -> Result<Target> {
-        nvrtc_present()?;
+        ffi::nvrtc_present().map_err(crate::Error::NoCudaDevice)?;
         let suffix = if (major, minor) == (9, 0) { "a" } else { "" };
         Ok(Target {
             arch: format!("sm_{major}{minor}{suffix}"),
@@ -41,14 +41,6 @@ impl Target {
             _ => return None,
         };
         Some((major.parse().ok()?, minor.parse().ok()?))
-    }
-}
-
-fn nvrtc_present() -> Result<()> {
-    // NVRTC alone is enough to compile; the driver check belongs to opening a device.
-    match ffi::libraries_present() {
-        Err(why) if why.contains("NVRTC") => Err(crate::Error::NoCudaDevice(why)),
-        _ => Ok(()),
     }
 }
 
@@ -100,7 +92,7 @@ pub fn usage(log: &str) -> Option<Usage> {
 pub struct Built {
     /// The variant.
     pub variant: Variant,
-    /// The cubin.
+    /// The cubin (empty in [`super::CudaBackend::builds`]: loading takes the bytes).
     pub cubin: Vec<u8>,
     /// ptxas' report (None when the cubin came from the disk cache).
     pub usage: Option<Usage>,

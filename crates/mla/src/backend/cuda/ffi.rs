@@ -11,18 +11,26 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use super::params::DecodeParams;
 use crate::error::{Error, Result};
 
-/// Whether libcuda and libnvrtc can be loaded (cudarc panics on first use otherwise).
-pub fn libraries_present() -> std::result::Result<(), String> {
-    // SAFETY: these only try to dlopen the libraries by name.
-    let driver = unsafe { cudarc::driver::sys::is_culib_present() };
-    let rtc = unsafe { nvrtc_sys::is_culib_present() };
-    match (driver, rtc) {
-        (true, true) => Ok(()),
-        (false, _) => Err("the CUDA driver library (libcuda.so.1) was not found".into()),
-        (true, false) => Err("NVRTC (libnvrtc.so.13) was not found; install the CUDA 13 \
-                              toolkit or the nvidia-cuda-nvrtc wheel and put it on the library path"
-            .into()),
+/// Whether libnvrtc can be loaded (cudarc panics on first use otherwise). Enough to compile.
+pub fn nvrtc_present() -> std::result::Result<(), String> {
+    // SAFETY: this only tries to dlopen the library by name.
+    if unsafe { nvrtc_sys::is_culib_present() } {
+        return Ok(());
     }
+    Err(
+        "NVRTC (libnvrtc.so.13) was not found; install the CUDA 13 toolkit or the \
+         nvidia-cuda-nvrtc wheel and put it on the library path"
+            .into(),
+    )
+}
+
+/// Whether libcuda and libnvrtc can be loaded: what opening a device needs.
+pub fn libraries_present() -> std::result::Result<(), String> {
+    // SAFETY: this only tries to dlopen the library by name.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err("the CUDA driver library (libcuda.so.1) was not found".into());
+    }
+    nvrtc_present()
 }
 
 /// Turns cudarc's per-slice event bookkeeping off for a context: every decode runs on one
@@ -145,11 +153,10 @@ pub fn launch(
     smem: u32,
     params: &DecodeParams,
 ) -> Result<()> {
-    let fail = |op| move |source| Error::Driver { op, source };
     stream
         .context()
         .bind_to_thread()
-        .map_err(fail("bind the context"))?;
+        .map_err(Error::driver("bind the context"))?;
     let mut args = [params as *const DecodeParams as *mut c_void];
     // SAFETY: every kernel of this crate takes exactly one `DecodeParams` by value (the struct
     // of `kernels/params.cuh`, size checked on both sides); `args` holds its address and
@@ -167,5 +174,5 @@ pub fn launch(
             &mut args,
         )
     }
-    .map_err(fail("launch"))
+    .map_err(Error::driver("launch"))
 }

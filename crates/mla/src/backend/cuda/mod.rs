@@ -65,10 +65,6 @@ pub struct CudaBackend {
     error_flag: CudaSlice<u32>,
 }
 
-fn driver(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
-    move |source| Error::Driver { op, source }
-}
-
 impl CudaBackend {
     /// Opens device `ordinal`: its primary context, a stream of our own, the error flag.
     ///
@@ -84,20 +80,20 @@ impl CudaBackend {
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| Error::NoCudaDevice(e.to_string()))?;
         ffi::disable_event_tracking(&ctx);
-        let stream = ctx.new_stream().map_err(driver("create a stream"))?;
-        let name = ctx.name().map_err(driver("device name"))?;
+        let stream = ctx.new_stream().map_err(Error::driver("create a stream"))?;
+        let name = ctx.name().map_err(Error::driver("device name"))?;
         let (major, minor) = ctx
             .compute_capability()
-            .map_err(driver("compute capability"))?;
-        let attr = |a| ctx.attribute(a).map_err(driver("device attribute"));
+            .map_err(Error::driver("compute capability"))?;
+        let attr = |a| ctx.attribute(a).map_err(Error::driver("device attribute"));
         let sm_count = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         let smem_limit =
             attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
                 as usize;
         let error_flag = stream
             .alloc_zeros::<u32>(1)
-            .map_err(driver("allocate the error flag"))?;
-        stream.synchronize().map_err(driver("synchronize"))?;
+            .map_err(Error::driver("allocate the error flag"))?;
+        stream.synchronize().map_err(Error::driver("synchronize"))?;
         let capability = Capability {
             major: major as u32,
             minor: minor as u32,
@@ -272,30 +268,34 @@ impl CudaBackend {
     }
 
     fn load(&mut self, v: Variant) -> Result<Loaded> {
+        // The backend keeps the build's report, not its bytes: the module takes them.
         let mut built = compile::build(&v, &self.target, true)?;
-        let module = match self.ctx.load_module(Ptx::from_binary(built.cubin.clone())) {
+        let cubin = std::mem::take(&mut built.cubin);
+        let module = match self.ctx.load_module(Ptx::from_binary(cubin)) {
             Ok(m) => m,
             // A damaged cache entry: compile afresh (which overwrites it).
             Err(_) if built.from_disk => {
                 built = compile::build(&v, &self.target, false)?;
+                let cubin = std::mem::take(&mut built.cubin);
                 self.ctx
-                    .load_module(Ptx::from_binary(built.cubin.clone()))
-                    .map_err(driver("load a module"))?
+                    .load_module(Ptx::from_binary(cubin))
+                    .map_err(Error::driver("load a module"))?
             }
-            Err(e) => return Err(driver("load a module")(e)),
+            Err(e) => return Err(Error::driver("load a module")(e)),
         };
         let func = module
             .load_function(v.family.entry())
-            .map_err(driver("load a kernel"))?;
+            .map_err(Error::driver("load a kernel"))?;
         let smem = v.smem_bytes();
         if v.family == Family::DecodeMma {
+            // On our own stream: never the caller's, which may be capturing a graph.
             let global = module
-                .get_global("mla_decode_smem_bytes", &self.stream)
-                .map_err(driver("read the kernel's shared memory size"))?;
+                .get_global("mla_decode_smem_bytes", &self.own)
+                .map_err(Error::driver("read the kernel's shared memory size"))?;
             let bytes = self
-                .stream
+                .own
                 .clone_dtoh(&global)
-                .map_err(driver("read the kernel's shared memory size"))?;
+                .map_err(Error::driver("read the kernel's shared memory size"))?;
             let kernel_smem = bytes
                 .get(..4)
                 .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
@@ -311,9 +311,8 @@ impl CudaBackend {
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem as i32,
             )
-            .map_err(driver("set the kernel's shared memory"))?;
+            .map_err(Error::driver("set the kernel's shared memory"))?;
         }
-        built.cubin = Vec::new(); // keep the report, not the bytes
         self.builds.push(built);
         Ok(Loaded { func })
     }
@@ -325,13 +324,17 @@ impl CudaBackend {
     pub(crate) fn resize_workspace(&mut self, bytes: usize) -> Result<()> {
         // Decodes still running may use the old one; the new one must exist before the next
         // launch, whichever stream it is on.
-        self.stream.synchronize().map_err(driver("synchronize"))?;
+        self.stream
+            .synchronize()
+            .map_err(Error::driver("synchronize"))?;
         self.workspace = None; // free first: the new one is larger
         let fresh = self
             .own
             .alloc_zeros::<u8>(bytes.max(1))
-            .map_err(driver("allocate the workspace"))?;
-        self.own.synchronize().map_err(driver("synchronize"))?;
+            .map_err(Error::driver("allocate the workspace"))?;
+        self.own
+            .synchronize()
+            .map_err(Error::driver("synchronize"))?;
         self.workspace = Some(fresh);
         Ok(())
     }
@@ -343,16 +346,18 @@ impl CudaBackend {
     /// # Errors
     /// [`Error::DeviceCheck`], [`Error::Driver`].
     pub(crate) fn check_errors(&mut self) -> Result<()> {
-        self.stream.synchronize().map_err(driver("synchronize"))?;
+        self.stream
+            .synchronize()
+            .map_err(Error::driver("synchronize"))?;
         let flag = self
             .stream
             .clone_dtoh(&self.error_flag)
-            .map_err(driver("read the error flag"))?;
+            .map_err(Error::driver("read the error flag"))?;
         let bits = flag.first().copied().unwrap_or(0);
         if bits != 0 {
             self.stream
                 .memset_zeros(&mut self.error_flag)
-                .map_err(driver("clear the error flag"))?;
+                .map_err(Error::driver("clear the error flag"))?;
             return Err(Error::DeviceCheck { bits });
         }
         Ok(())
