@@ -3,7 +3,11 @@
 # (scripts/gpu/build.sh) and optionally .anchors/ carried. Writes every log into $OUT (the
 # folder that comes back), or ./results when $OUT is unset. The last lines printed are a
 # summary.
-#   scripts/gpu/run.sh [all|tests|memcheck|racecheck|pytest|bench|anchors] ...
+#   scripts/gpu/run.sh [all|tests|memcheck|racecheck|pytest|bench|compare|profile|anchors] ...
+# `tests` runs the GPU suites with the kernels chosen as shipped, then the contract and
+# runtime suites again with MLA_KERNEL=wgmma (the Hopper kernel at every head count) and
+# MLA_KERNEL=mma (the sm_80 kernel at every head count). `compare` times both stage-1
+# kernels on the same cases.
 # Each step runs under a time limit (seconds, env: MLA_STEP_LIMIT, default 300).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,24 +34,40 @@ gpu-bin/mla info > "$out/info.txt" 2>&1
 gpu-bin/mla precompile > "$out/precompile.txt" 2>&1
 note "precompile: $(tail -n 1 "$out/precompile.txt")"
 
+# run_test NAME KERNEL: one test binary with MLA_KERNEL=KERNEL (empty: as shipped).
+run_test() {
+  local t=$1 kernel=$2 log="$out/test-$1${2:+-$2}.log" start rc
+  start=$(date +%s)
+  MLA_KERNEL=$kernel timeout "$limit" gpu-bin/tests/$t --nocapture > "$log" 2>&1
+  rc=$?
+  note "tests $t${kernel:+ (MLA_KERNEL=$kernel)}: rc=$rc ($(( $(date +%s) - start ))s): $(grep -E '^test result' "$log" | tail -n 1)"
+  if [ $rc -ne 0 ]; then
+    grep -E -B2 -A12 "panicked|^---- " "$log" | cut -c1-400 | head -n 60
+  fi
+}
 if has tests; then
-  for t in cuda_contract cuda_runtime cuda_sanitize; do
-    start=$(date +%s)
-    timeout "$limit" gpu-bin/tests/$t > "$out/test-$t.log" 2>&1
-    rc=$?
-    note "tests $t: rc=$rc ($(( $(date +%s) - start ))s): $(grep -E '^test result' "$out/test-$t.log" | tail -n 1)"
-    if [ $rc -ne 0 ]; then
-      grep -E -B2 -A12 "panicked|^---- " "$out/test-$t.log" | cut -c1-400 | head -n 60
-    fi
+  for t in cuda_contract cuda_runtime cuda_sanitize; do run_test $t ""; done
+  for k in wgmma mma; do
+    for t in cuda_contract cuda_runtime; do run_test $t $k; done
   done
+  # The Hopper kernel must be built of warpgroup MMAs (HGMMA in the SASS).
+  for f in $(find "$MLA_CACHE_DIR" -type f); do
+    n=$(cuobjdump -sass "$f" 2>/dev/null | grep -c HGMMA)
+    [ "${n:-0}" -gt 0 ] && echo "$(basename "$f"): $n HGMMA" >> "$out/sass.txt"
+  done
+  note "sass: $(wc -l < "$out/sass.txt" 2>/dev/null || echo 0) cubins with HGMMA"
 fi
 
+# Each sanitizer twice: kernels as shipped, then the wgmma kernel at every head count.
 for tool in memcheck racecheck; do
   if has "$tool"; then
-    timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 9 gpu-bin/tests/cuda_sanitize \
-      --test-threads=1 > "$out/sanitizer-$tool.log" 2>&1
-    rc=$?
-    note "compute-sanitizer $tool: rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$out/sanitizer-$tool.log" | tr '\n' ' ')"
+    for k in "" wgmma; do
+      log="$out/sanitizer-$tool${k:+-$k}.log"
+      MLA_KERNEL=$k timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        gpu-bin/tests/cuda_sanitize --test-threads=1 > "$log" 2>&1
+      rc=$?
+      note "compute-sanitizer $tool${k:+ (MLA_KERNEL=$k)}: rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$log" | tr '\n' ' ')"
+    done
   fi
 done
 
@@ -61,6 +81,37 @@ fi
 if has bench; then
   timeout "$limit" gpu-bin/mla bench --backend cuda --iters 10 > "$out/bench.txt" 2>&1
   note "bench: rc=$? (bench.txt)"
+fi
+
+if has compare; then
+  # batch heads ctx kv-dtype: the two stage-1 kernels on the same problems.
+  while read -r b h c kv; do
+    for k in mma wgmma; do
+      r=$(MLA_KERNEL=$k timeout "$limit" gpu-bin/mla bench --backend cuda --batch "$b" --heads "$h" \
+        --ctx "$c" --page 64 --kv-dtype "$kv" --iters 10 --json 2>> "$out/compare.err" | tail -n 1)
+      echo "$k $b $h $c $kv $r" >> "$out/compare.txt"
+    done
+  done <<'CASES'
+128 128 4096 bf16
+32 128 8192 bf16
+1 128 8192 bf16
+4 128 1024 bf16
+64 64 4096 bf16
+128 16 4096 bf16
+1 16 8192 bf16
+CASES
+  python3 scripts/gpu/compare_table.py "$out/compare.txt"
+fi
+
+if has profile; then
+  # Nsight Compute on one wgmma decode (64 requests x 4096 keys, 64 heads: one wave).
+  timeout "$limit" ncu --clock-control none --kernel-name mla_decode_wgmma --launch-count 1 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section Occupancy --section LaunchStats \
+    env MLA_KERNEL=wgmma gpu-bin/mla bench --backend cuda --batch 64 --heads 64 --ctx 4096 \
+    --page 64 --kv-dtype bf16 --iters 1 > "$out/ncu.txt" 2>&1
+  note "profile: rc=$? (ncu.txt)"
+  grep -E "Duration|Throughput|Pipe|Stall|Issued|Eligible|Active Warps|L2 Hit|Registers|Shared Memory Config" "$out/ncu.txt" | head -n 40
 fi
 
 if has anchors && [ -f .anchors/anchors.py ]; then

@@ -7,6 +7,7 @@ mod common;
 
 use common::gpu::{self, DeviceCache, DeviceOutputs, DeviceProblem};
 use common::{Case, LSE_TOL, O_TOL, spec};
+use mla::backend::cuda::registry::{self, Family};
 use mla::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use mla::reference;
 use mla::synth::HalfBuf;
@@ -147,42 +148,88 @@ fn after_warmup_forward_compiles_nothing() {
 
 #[test]
 fn bad_values_raise_the_device_flag_and_are_never_read() {
-    let case = Case::new(spec(16, 16, &[100, 40], 1, Mask::Causal));
-    let Some(mut dec) = gpu::open(&case.config()) else {
-        return;
-    };
-    let st = gpu::stream(&dec);
-    let p = Problem::generate(&case.spec).unwrap();
-    let capacity = (p.max_blocks * 16) as i32;
-    let with_block = |b: i32| {
-        let mut t = p.block_table.clone();
-        t[1] = b; // request 0, keys 16..32
-        t
-    };
-    // (block table, lengths, the flag bit expected)
-    let cases: Vec<(Vec<i32>, Vec<i32>, u32)> = vec![
-        (with_block(-1), p.seq_lens.clone(), 4),
-        (with_block(p.num_blocks as i32), p.seq_lens.clone(), 4),
-        (with_block(i32::MAX), p.seq_lens.clone(), 4),
-        (p.block_table.clone(), vec![capacity + 50, 40], 2),
-        (p.block_table.clone(), vec![-3, 40], 1),
-    ];
-    for (table, lens, bit) in cases {
-        let mut dp = p.to_device(&st).unwrap();
-        st.memcpy_htod(&table, &mut dp.block_table).unwrap();
-        st.memcpy_htod(&lens, &mut dp.seq_lens).unwrap();
-        let mut out = DeviceOutputs::poisoned(&st, &p).unwrap();
-        dec.forward(&dp.inputs(&p, false).unwrap(), &mut out.views().unwrap())
-            .expect("forward itself does not wait");
-        match dec.check_device_errors() {
-            Err(Error::DeviceCheck { bits }) => assert_eq!(bits & bit, bit, "bits {bits:#x}"),
-            other => panic!("expected the device flag for {bit}, got {other:?}"),
+    // 16 heads take the mma kernel; 128 take the wgmma kernel on Hopper.
+    for heads in [16, 128] {
+        let case = Case::new(spec(heads, 16, &[100, 40], 1, Mask::Causal));
+        let Some(mut dec) = gpu::open(&case.config()) else {
+            return;
+        };
+        let st = gpu::stream(&dec);
+        let p = Problem::generate(&case.spec).unwrap();
+        let capacity = (p.max_blocks * 16) as i32;
+        let with_block = |b: i32| {
+            let mut t = p.block_table.clone();
+            t[1] = b; // request 0, keys 16..32
+            t
+        };
+        // (block table, lengths, the flag bit expected)
+        let cases: Vec<(Vec<i32>, Vec<i32>, u32)> = vec![
+            (with_block(-1), p.seq_lens.clone(), 4),
+            (with_block(p.num_blocks as i32), p.seq_lens.clone(), 4),
+            (with_block(i32::MAX), p.seq_lens.clone(), 4),
+            (p.block_table.clone(), vec![capacity + 50, 40], 2),
+            (p.block_table.clone(), vec![-3, 40], 1),
+        ];
+        for (table, lens, bit) in cases {
+            let mut dp = p.to_device(&st).unwrap();
+            st.memcpy_htod(&table, &mut dp.block_table).unwrap();
+            st.memcpy_htod(&lens, &mut dp.seq_lens).unwrap();
+            let mut out = DeviceOutputs::poisoned(&st, &p).unwrap();
+            dec.forward(&dp.inputs(&p, false).unwrap(), &mut out.views().unwrap())
+                .expect("forward itself does not wait");
+            match dec.check_device_errors() {
+                Err(Error::DeviceCheck { bits }) => assert_eq!(bits & bit, bit, "bits {bits:#x}"),
+                other => panic!("expected the device flag for {bit}, got {other:?}"),
+            }
+            // The flag is cleared: a clean decode checks clean.
+            let dp = p.to_device(&st).unwrap();
+            dec.forward(&dp.inputs(&p, false).unwrap(), &mut out.views().unwrap())
+                .unwrap();
+            dec.check_device_errors().unwrap();
         }
-        // The flag is cleared: a clean decode checks clean.
+    }
+}
+
+#[test]
+fn hopper_decodes_many_heads_with_wgmma() {
+    // What each head count builds on this device; on sm_90a, 64 and 128 heads with a cache
+    // in the model dtype must take the wgmma kernel (unless MLA_KERNEL=mma asks otherwise).
+    for (heads, kv, dtype) in [
+        (128, KvFormat::Bf16, CacheDtype::Auto),
+        (64, KvFormat::Bf16, CacheDtype::Auto),
+        (16, KvFormat::Bf16, CacheDtype::Auto),
+        (128, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3),
+    ] {
+        let mut s = spec(heads, 64, &[1000], 1, Mask::Causal);
+        s.kv_format = kv;
+        let case = Case::new(s);
+        let Some(mut dec) = gpu::open(&case.config()) else {
+            return;
+        };
+        let st = gpu::stream(&dec);
+        let p = Problem::generate(&case.spec).unwrap();
         let dp = p.to_device(&st).unwrap();
-        dec.forward(&dp.inputs(&p, false).unwrap(), &mut out.views().unwrap())
+        dec.reserve_workspace(1, 1000).unwrap();
+        dec.register_decode_warmup(&dp.inputs(&p, false).unwrap().kv_cache, dtype)
             .unwrap();
-        dec.check_device_errors().unwrap();
+        let cuda = dec.cuda_backend().unwrap();
+        let families: Vec<Family> = cuda.builds().iter().map(|b| b.variant.family).collect();
+        println!(
+            "{heads} heads, {kv:?}: {families:?} on {}",
+            cuda.target().arch
+        );
+        let hopper = cuda.target().arch == "sm_90a";
+        let expect_wgmma = match std::env::var("MLA_KERNEL").as_deref() {
+            Ok("mma") => false,
+            Ok("wgmma") => hopper && !kv.is_fp8(),
+            _ => hopper && heads >= registry::WGMMA_MIN_HEADS && !kv.is_fp8(),
+        };
+        assert_eq!(
+            families.contains(&Family::DecodeWgmma),
+            expect_wgmma,
+            "{heads} heads, {kv:?}: {families:?}"
+        );
+        assert_eq!(families.contains(&Family::DecodeMma), !expect_wgmma);
     }
 }
 

@@ -38,25 +38,31 @@ fn sanitize_every_kernel_path() {
 
 #[test]
 fn sanitize_bad_block_ids() {
-    let mut s = spec(16, 16, &[100, 40], 1, Mask::Causal);
-    s.kv_format = KvFormat::Fp8E5m2;
-    s.model_dtype = ModelDtype::F16;
-    let case = Case::new(s);
-    let Some(mut dec) = gpu::open(&case.config()) else {
-        return;
-    };
-    let st = gpu::stream(&dec);
-    let p = Problem::generate(&case.spec).unwrap();
-    let mut dp = p.to_device(&st).unwrap();
-    let mut table = p.block_table.clone();
-    table[0] = -5;
-    table[3] = 1 << 30;
-    st.memcpy_htod(&table, &mut dp.block_table).unwrap();
-    let mut out = DeviceOutputs::poisoned(&st, &p).unwrap();
-    dec.forward(&dp.inputs(&p, false).unwrap(), &mut out.views().unwrap())
-        .unwrap();
-    assert!(matches!(
-        dec.check_device_errors(),
-        Err(Error::DeviceCheck { bits: 4 })
-    ));
+    // fp8 under f16 takes the mma kernel; 128 bf16 heads the wgmma kernel on Hopper.
+    for (heads, model, kv) in [
+        (16, ModelDtype::F16, KvFormat::Fp8E5m2),
+        (128, ModelDtype::Bf16, KvFormat::Bf16),
+    ] {
+        let mut s = spec(heads, 16, &[100, 40], 1, Mask::Causal);
+        s.kv_format = kv;
+        s.model_dtype = model;
+        let case = Case::new(s);
+        let Some(mut dec) = gpu::open(&case.config()) else {
+            return;
+        };
+        let st = gpu::stream(&dec);
+        let p = Problem::generate(&case.spec).unwrap();
+        let mut dp = p.to_device(&st).unwrap();
+        let mut table = p.block_table.clone();
+        table[0] = -5;
+        table[3] = 1 << 30;
+        st.memcpy_htod(&table, &mut dp.block_table).unwrap();
+        let mut out = DeviceOutputs::poisoned(&st, &p).unwrap();
+        dec.forward(&dp.inputs(&p, false).unwrap(), &mut out.views().unwrap())
+            .unwrap();
+        assert!(matches!(
+            dec.check_device_errors(),
+            Err(Error::DeviceCheck { bits: 4 })
+        ));
+    }
 }

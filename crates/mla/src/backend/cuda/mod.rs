@@ -26,7 +26,7 @@ use cudarc::nvrtc::Ptx;
 
 use self::compile::{Built, Target};
 use self::params::{DecodeParams, Pointers};
-use self::registry::{Family, Variant};
+use self::registry::Variant;
 use crate::args::{DecodeInputs, DecodeOutputs, Query};
 use crate::config::{DeviceInfo, ValidConfig};
 use crate::error::{Capability, Error, Result};
@@ -205,6 +205,8 @@ impl CudaBackend {
             cfg.model_dtype,
             cfg.kv_format,
             self.smem_limit,
+            self.target.arch == "sm_90a",
+            registry::KernelChoice::from_env(),
         )
         .ok_or_else(|| {
             Error::config(
@@ -252,7 +254,7 @@ impl CudaBackend {
     /// # Errors
     /// [`Error::Compile`], [`Error::Driver`].
     pub fn precompile_all(&mut self) -> Result<&[Built]> {
-        for v in registry::all_variants(self.smem_limit) {
+        for v in registry::all_variants(self.smem_limit, self.target.arch == "sm_90a") {
             self.kernel(v)?;
         }
         Ok(&self.builds)
@@ -287,7 +289,7 @@ impl CudaBackend {
             .load_function(v.family.entry())
             .map_err(Error::driver("load a kernel"))?;
         let smem = v.smem_bytes();
-        if v.family == Family::DecodeMma {
+        if v.family.is_decode() {
             // On our own stream: never the caller's, which may be capturing a graph.
             let global = module
                 .get_global("mla_decode_smem_bytes", &self.own)

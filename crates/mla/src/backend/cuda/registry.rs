@@ -10,7 +10,7 @@ use std::fmt;
 use crate::dtype::{KvFormat, ModelDtype};
 
 /// Every kernel source, by the name the `#include` lines use.
-pub const HEADERS: [(&str, &str); 4] = [
+pub const HEADERS: [(&str, &str); 5] = [
     ("params.cuh", include_str!("../../../kernels/params.cuh")),
     (
         "common/ptx.cuh",
@@ -24,13 +24,19 @@ pub const HEADERS: [(&str, &str); 4] = [
         "common/rows.cuh",
         include_str!("../../../kernels/common/rows.cuh"),
     ),
+    (
+        "common/wgmma.cuh",
+        include_str!("../../../kernels/common/wgmma.cuh"),
+    ),
 ];
 
 /// A kernel family: one source file, one entry point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
-    /// Stage 1: split-KV attention on tensor cores (mma.sync).
+    /// Stage 1: split-KV attention on tensor cores (mma.sync), sm_80 and up.
     DecodeMma,
+    /// Stage 1 on Hopper's warpgroup MMA (sm_90a): 64 heads a CTA, 64 keys a tile.
+    DecodeWgmma,
     /// Stage 2: the ascending merge of the splits.
     Combine,
 }
@@ -40,6 +46,7 @@ impl Family {
     pub fn file(self) -> &'static str {
         match self {
             Family::DecodeMma => "decode_mma/kernel.cu",
+            Family::DecodeWgmma => "decode_wgmma/kernel.cu",
             Family::Combine => "combine/kernel.cu",
         }
     }
@@ -48,14 +55,21 @@ impl Family {
     pub fn source(self) -> &'static str {
         match self {
             Family::DecodeMma => include_str!("../../../kernels/decode_mma/kernel.cu"),
+            Family::DecodeWgmma => include_str!("../../../kernels/decode_wgmma/kernel.cu"),
             Family::Combine => include_str!("../../../kernels/combine/kernel.cu"),
         }
+    }
+
+    /// Whether this is a stage-1 kernel (it exports `mla_decode_smem_bytes`).
+    pub fn is_decode(self) -> bool {
+        self != Family::Combine
     }
 
     /// The `extern "C"` entry point.
     pub fn entry(self) -> &'static str {
         match self {
             Family::DecodeMma => "mla_decode_split",
+            Family::DecodeWgmma => "mla_decode_wgmma",
             Family::Combine => "mla_decode_combine",
         }
     }
@@ -63,6 +77,13 @@ impl Family {
 
 /// Keys per tile of the mma kernel.
 pub const BLOCK_N: usize = 32;
+
+/// Heads (rows) per CTA and keys per tile of the wgmma kernel.
+pub const WGMMA_TILE: usize = 64;
+
+/// The fewest heads for which the wgmma kernel is chosen: below, its 64-row tile is mostly
+/// padding and the decode is memory-bound, where the mma kernel's two CTAs per SM do as well.
+pub const WGMMA_MIN_HEADS: usize = 33;
 
 /// One compiled kernel: the family and its specialization.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -91,14 +112,19 @@ impl Variant {
             format!("-DMLA_L={}", self.kv_lora_rank),
             format!("-DMLA_BF16={}", self.bf16 as u8),
         ];
-        if self.family == Family::DecodeMma {
-            d.extend([
+        match self.family {
+            Family::DecodeMma => d.extend([
                 format!("-DMLA_R={}", self.rope_dim),
                 format!("-DMLA_KV={}", self.kv),
                 format!("-DMLA_MW={}", self.row_warps),
                 format!("-DMLA_BN={BLOCK_N}"),
                 format!("-DMLA_STAGES={}", self.stages),
-            ]);
+            ]),
+            Family::DecodeWgmma => d.extend([
+                format!("-DMLA_R={}", self.rope_dim),
+                format!("-DMLA_KV={}", self.kv),
+            ]),
+            Family::Combine => {}
         }
         d
     }
@@ -107,6 +133,7 @@ impl Variant {
     pub fn threads(&self) -> u32 {
         match self.family {
             Family::DecodeMma => 128 * self.row_warps as u32,
+            Family::DecodeWgmma => 256,
             Family::Combine => 128,
         }
     }
@@ -114,8 +141,16 @@ impl Variant {
     /// Dynamic shared memory per CTA, as the kernel lays it out (the kernel exports the same
     /// number as `mla_decode_smem_bytes`, and loading checks that they agree).
     pub fn smem_bytes(&self) -> usize {
-        if self.family == Family::Combine {
-            return 0;
+        match self.family {
+            Family::Combine => return 0,
+            Family::DecodeWgmma => {
+                // 1024 bytes of alignment slack, q and two key tiles of 64 x D, P (64 x 64),
+                // two tiles of key offsets, three rows of 64 floats.
+                let t = WGMMA_TILE;
+                let d = self.kv_lora_rank + self.rope_dim;
+                return 1024 + 3 * t * d * 2 + t * t * 2 + 2 * t * 8 + 3 * t * 4;
+            }
+            Family::DecodeMma => {}
         }
         let (rows, bn) = (16 * self.row_warps, BLOCK_N);
         let d = self.kv_lora_rank + self.rope_dim;
@@ -148,10 +183,83 @@ pub fn kv_code(model: ModelDtype, kv: KvFormat) -> u8 {
     }
 }
 
-/// The stage-1 variant for a decoder: the most row groups (up to 4, fewer for few heads) that
-/// fit the device's shared memory, then the ring of tiles (up to 4, 6 for fp8 whose tiles are
-/// half the bytes). None if not even the smallest fits.
+/// Which stage-1 kernel family a decoder may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelChoice {
+    /// The fastest that runs: wgmma on sm_90a where it applies, else mma.sync.
+    Auto,
+    /// Always mma.sync (the sm_80 path), for comparisons.
+    Mma,
+    /// wgmma wherever it can run, whatever the head count (for comparisons).
+    Wgmma,
+}
+
+impl KernelChoice {
+    /// From `MLA_KERNEL` (`mma`, `wgmma`; anything else or unset: auto).
+    pub fn from_env() -> KernelChoice {
+        match std::env::var("MLA_KERNEL").as_deref() {
+            Ok("mma") => KernelChoice::Mma,
+            Ok("wgmma") => KernelChoice::Wgmma,
+            _ => KernelChoice::Auto,
+        }
+    }
+}
+
+/// The wgmma variant, where it can run: an sm_90a device, L = 512, whole 64-column chunks,
+/// a cache in the model dtype.
+pub fn wgmma_variant(
+    kv_lora_rank: usize,
+    rope_dim: usize,
+    model: ModelDtype,
+    kv: KvFormat,
+    smem_limit: usize,
+) -> Option<Variant> {
+    let v = Variant {
+        family: Family::DecodeWgmma,
+        kv_lora_rank,
+        rope_dim,
+        bf16: model == ModelDtype::Bf16,
+        kv: kv_code(model, kv),
+        row_warps: WGMMA_TILE / 16,
+        stages: 2,
+    };
+    let applies = kv_lora_rank == 512
+        && (kv_lora_rank + rope_dim).is_multiple_of(64)
+        && v.kv == 0
+        && v.smem_bytes() <= smem_limit;
+    applies.then_some(v)
+}
+
+/// The stage-1 variant for a decoder. On sm_90a (`wgmma`), the wgmma kernel where it applies
+/// and `choice` and the head count call for it. Otherwise the mma kernel: the most row groups
+/// (up to 4, fewer for few heads) that fit the device's shared memory, then the ring of tiles
+/// (up to 4, 6 for fp8 whose tiles are half the bytes). None if not even the smallest fits.
+#[allow(clippy::too_many_arguments)]
 pub fn decode_variant(
+    heads: usize,
+    kv_lora_rank: usize,
+    rope_dim: usize,
+    model: ModelDtype,
+    kv: KvFormat,
+    smem_limit: usize,
+    wgmma: bool,
+    choice: KernelChoice,
+) -> Option<Variant> {
+    let wants_wgmma = match choice {
+        KernelChoice::Auto => heads >= WGMMA_MIN_HEADS,
+        KernelChoice::Wgmma => true,
+        KernelChoice::Mma => false,
+    };
+    if wgmma
+        && wants_wgmma
+        && let Some(v) = wgmma_variant(kv_lora_rank, rope_dim, model, kv, smem_limit)
+    {
+        return Some(v);
+    }
+    mma_variant(heads, kv_lora_rank, rope_dim, model, kv, smem_limit)
+}
+
+fn mma_variant(
     heads: usize,
     kv_lora_rank: usize,
     rope_dim: usize,
@@ -219,8 +327,9 @@ pub fn smem_limit_of_arch(major: u32, minor: u32) -> usize {
 }
 
 /// Every variant the DeepSeek shapes (L = 512, R = 64) can use on an architecture: both model
-/// dtypes, every cache format, every row-group count that fits. What CI compiles.
-pub fn all_variants(smem_limit: usize) -> Vec<Variant> {
+/// dtypes, every cache format, every row-group count that fits, and on sm_90a (`wgmma`) the
+/// wgmma kernels. What CI compiles.
+pub fn all_variants(smem_limit: usize, wgmma: bool) -> Vec<Variant> {
     let mut out = Vec::new();
     for model in [ModelDtype::Bf16, ModelDtype::F16] {
         for kv in [
@@ -230,11 +339,14 @@ pub fn all_variants(smem_limit: usize) -> Vec<Variant> {
             KvFormat::Fp8E5m2,
         ] {
             for heads in [16, 32, 128] {
-                if let Some(v) = decode_variant(heads, 512, 64, model, kv, smem_limit)
+                if let Some(v) = mma_variant(heads, 512, 64, model, kv, smem_limit)
                     && !out.contains(&v)
                 {
                     out.push(v);
                 }
+            }
+            if wgmma && let Some(v) = wgmma_variant(512, 64, model, kv, smem_limit) {
+                out.push(v);
             }
         }
         out.push(combine_variant(512, model));
@@ -250,14 +362,14 @@ mod tests {
     fn shared_memory_matches_the_kernel_layout_by_hand() {
         // bf16 cache, 64 rows on an H200: q 64 x 584 x 2, four 32-key stages of 584 x 2,
         // P 64 x 40 x 2, the reduction 4 x 4 x 16 floats, four tiles of key offsets.
-        let v = decode_variant(128, 512, 64, ModelDtype::Bf16, KvFormat::Bf16, 232_448).unwrap();
+        let v = mma_variant(128, 512, 64, ModelDtype::Bf16, KvFormat::Bf16, 232_448).unwrap();
         assert_eq!((v.row_warps, v.stages), (4, 4));
         assert_eq!(
             v.smem_bytes(),
             74_752 + 4 * 37_376 + 5_120 + 1_024 + 4 * 256
         );
         // fp8: three raw stages of 576 bytes per key and the converted tile.
-        let v = decode_variant(16, 512, 64, ModelDtype::Bf16, KvFormat::Fp8E4m3, 232_448).unwrap();
+        let v = mma_variant(16, 512, 64, ModelDtype::Bf16, KvFormat::Fp8E4m3, 232_448).unwrap();
         assert_eq!(v.stages, 3);
         assert_eq!(
             v.smem_bytes(),
@@ -268,7 +380,7 @@ mod tests {
     #[test]
     fn row_groups_follow_heads_and_shared_memory() {
         let pick = |h, limit| {
-            decode_variant(h, 512, 64, ModelDtype::Bf16, KvFormat::Bf16, limit).map(|v| v.row_warps)
+            mma_variant(h, 512, 64, ModelDtype::Bf16, KvFormat::Bf16, limit).map(|v| v.row_warps)
         };
         assert_eq!(pick(8, 232_448), Some(1));
         assert_eq!(pick(32, 232_448), Some(2));
@@ -276,7 +388,7 @@ mod tests {
         assert_eq!(pick(128, 166_912), Some(4)); // A100
         assert_eq!(pick(128, 101_376), Some(1)); // sm_86/89: one row group fits
         let stages = |h, kv: KvFormat, limit| {
-            decode_variant(h, 512, 64, ModelDtype::Bf16, kv, limit).map(|v| v.stages)
+            mma_variant(h, 512, 64, ModelDtype::Bf16, kv, limit).map(|v| v.stages)
         };
         assert_eq!(stages(16, KvFormat::Bf16, 232_448), Some(2)); // two CTAs per SM
         assert_eq!(stages(32, KvFormat::Bf16, 232_448), Some(4)); // one CTA: the deepest
@@ -291,7 +403,7 @@ mod tests {
     #[test]
     fn every_architecture_gets_every_dtype() {
         for (major, minor) in [(8, 0), (8, 9), (9, 0)] {
-            let all = all_variants(smem_limit_of_arch(major, minor));
+            let all = all_variants(smem_limit_of_arch(major, minor), (major, minor) == (9, 0));
             assert!(all.len() >= 10, "{major}.{minor}: {}", all.len());
             for kv in 0..4 {
                 assert!(
@@ -300,6 +412,54 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn hopper_takes_wgmma_for_many_heads_and_model_dtype_caches() {
+        let pick = |h, kv, wgmma, choice| {
+            decode_variant(h, 512, 64, ModelDtype::Bf16, kv, 232_448, wgmma, choice)
+                .map(|v| v.family)
+        };
+        let auto = KernelChoice::Auto;
+        assert_eq!(
+            pick(128, KvFormat::Bf16, true, auto),
+            Some(Family::DecodeWgmma)
+        );
+        assert_eq!(
+            pick(64, KvFormat::Bf16, true, auto),
+            Some(Family::DecodeWgmma)
+        );
+        assert_eq!(
+            pick(16, KvFormat::Bf16, true, auto),
+            Some(Family::DecodeMma)
+        );
+        assert_eq!(
+            pick(16, KvFormat::Bf16, true, KernelChoice::Wgmma),
+            Some(Family::DecodeWgmma)
+        );
+        assert_eq!(
+            pick(128, KvFormat::Bf16, true, KernelChoice::Mma),
+            Some(Family::DecodeMma)
+        );
+        // Not Hopper, or a cache the kernel does not read: the mma kernel.
+        assert_eq!(
+            pick(128, KvFormat::Bf16, false, auto),
+            Some(Family::DecodeMma)
+        );
+        assert_eq!(
+            pick(128, KvFormat::Fp8E4m3, true, auto),
+            Some(Family::DecodeMma)
+        );
+        assert_eq!(
+            pick(128, KvFormat::F16, true, auto),
+            Some(Family::DecodeMma)
+        );
+        // Its layout: q, two key tiles and P of 64 rows, offsets and statistics, 1 KB slack.
+        let v = wgmma_variant(512, 64, ModelDtype::F16, KvFormat::F16, 232_448).unwrap();
+        assert_eq!(v.smem_bytes(), 1024 + 3 * 73_728 + 8_192 + 1_024 + 768);
+        assert_eq!((v.threads(), v.row_warps * 16), (256, 64));
+        assert!(wgmma_variant(256, 64, ModelDtype::F16, KvFormat::F16, 232_448).is_none());
+        assert!(wgmma_variant(512, 64, ModelDtype::F16, KvFormat::F16, 166_912).is_none());
     }
 
     #[test]

@@ -1,0 +1,325 @@
+/**
+ * @file decode_wgmma/kernel.cu
+ * @brief Stage 1 of the split-KV decode on Hopper's warpgroup MMA (sm_90a): one CTA attends
+ * 64 heads of one query row to the keys of one split, 64 keys a tile.
+ *
+ * Grid and outputs are those of decode_mma (x = row * head_blocks + head_block, y = split;
+ * the split's normalized output and LSE to the workspace, or o and lse with one split), so
+ * the plan, the workspace and the combine are shared. NOTES.md beside this file has the
+ * design and the measurements.
+ *
+ * Block: two warpgroups (256 threads). Shared memory holds q (64 x D), a ring of two key
+ * tiles (64 x D each) and P (64 x 64), all in wgmma's 128-byte swizzled layout
+ * (common/wgmma.cuh). Per tile t:
+ *   1. wait for tile t's keys (cp.async), then issue tile t + 1's into the other stage;
+ *   2. warpgroup 0: S = Q K^T (64 x 64, 36 wgmma of k = 16), scaled to base 2 and masked;
+ *      row max, P = 2^(S - m) rounded to the model dtype into shared memory, the rescale
+ *      factor of each row beside it; row sums of the unrounded P stay in its registers;
+ *   3. both warpgroups: O = O * alpha + P V for their half of the L output columns
+ *      (warpgroup w owns columns 256 w .. 256 w + 255: 64 x 256 f32, 128 registers a thread);
+ *      V is the first L columns of the same key tile, read MN-major.
+ *   4. At the end O / l and the LSE, as in decode_mma.
+ *
+ * Compile-time configuration (-D):
+ *   MLA_L, MLA_R   latent and rotary widths (L = 512: two warpgroups of 256 columns;
+ *                  (L + R) % 64 == 0)
+ *   MLA_BF16       1: the model dtype is bf16, 0: f16
+ *   MLA_KV         0: the cache is in the model dtype (the only format this kernel reads)
+ */
+#include "common/ptx.cuh"
+#include "common/rows.cuh"
+#include "common/wgmma.cuh"
+#include "params.cuh"
+
+namespace {
+
+constexpr bool BF16 = MLA_BF16 != 0;
+constexpr int L = MLA_L;
+constexpr int R = MLA_R;
+constexpr int D = L + R;
+constexpr int M = 64;           // heads per CTA: one wgmma row block
+constexpr int BN = 64;          // keys per tile
+constexpr int STAGES = 2;       // key tiles in the ring
+constexpr int THREADS = 256;    // two warpgroups
+constexpr int PIECES = D / 8;   // 16-byte pieces per row
+constexpr int TILE_BYTES = M * D * 2;  // q, a key tile (BN == M)
+constexpr int P_BYTES = M * BN * 2;
+constexpr int OFF_BYTES = STAGES * BN * 8;
+constexpr int STAT_BYTES = 3 * M * 4;  // alpha, then the final row sums and maxima
+constexpr int ALIGN = 1024;            // swizzle atoms must be 1024-byte aligned
+constexpr float LN2 = 0.69314718055994530942f;
+constexpr int COLS = L / 2;            // output columns per warpgroup
+
+static_assert(L == 512, "two warpgroups of m64n256 cover L = 512");
+static_assert(D % 64 == 0, "rows must be whole 64-column chunks");
+static_assert(MLA_KV == 0, "this kernel reads caches in the model dtype");
+
+struct Smem {
+    unsigned char* base;  // 1024-byte aligned
+    __device__ unsigned char* q() const { return base; }
+    __device__ unsigned char* stage(int s) const { return base + TILE_BYTES + s * TILE_BYTES; }
+    __device__ unsigned char* p() const { return base + (1 + STAGES) * TILE_BYTES; }
+    __device__ i64* offsets(int s) const {
+        return (i64*)(base + (1 + STAGES) * TILE_BYTES + P_BYTES) + s * BN;
+    }
+    __device__ float* alpha() const {
+        return (float*)(base + (1 + STAGES) * TILE_BYTES + P_BYTES + OFF_BYTES);
+    }
+    __device__ float* sums() const { return alpha() + M; }
+    __device__ float* maxima() const { return alpha() + 2 * M; }
+};
+
+}  // namespace
+
+/// Shared memory the kernel needs (the host checks it against its own count).
+extern "C" __constant__ int mla_decode_smem_bytes =
+    ALIGN + (1 + STAGES) * TILE_BYTES + P_BYTES + OFF_BYTES + STAT_BYTES;
+
+namespace {
+
+/// q rows head0 .. head0 + 63 of `row`, swizzled; missing heads are zero.
+__device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, int row, int head0) {
+    const u32 q = smem_addr(sm.q());
+    for (int c = threadIdx.x; c < M * PIECES; c += THREADS) {
+        const int r = c / PIECES, k = c % PIECES;
+        const int head = head0 + r;
+        const bool valid = head < p.heads;
+        const u16* src;
+        if (k < L / 8) {
+            src = (const u16*)p.q_nope + row * p.q_nope_row + head * p.q_nope_head + k * 8;
+        } else {
+            src = (const u16*)p.q_rope + row * p.q_rope_row + head * p.q_rope_head + (k - L / 8) * 8;
+        }
+        cp_async16(q + swizzled<M>(r, k), valid ? (const void*)src : p.q_nope, valid);
+    }
+}
+
+/// The block id of key `pos` of request `req`; NO_KEY past `end` or past the block table.
+constexpr i64 NO_KEY = -(1ll << 40);
+__device__ __forceinline__ i64 block_of(const DecodeParams& p, int req, int pos, int end) {
+    if (pos >= end) return NO_KEY;
+    const int page = pos / p.page_size;
+    if (page >= p.max_blocks) return NO_KEY;
+    return p.block_table[req * p.block_table_stride + page];
+}
+
+/// The byte offset of key `pos`, or -1 (never read; zero-filled) without a key or for a block
+/// id outside the cache, which raises the error flag.
+__device__ __forceinline__ i64 key_offset(const DecodeParams& p, int pos, i64 block) {
+    if (block == NO_KEY) return -1;
+    if (block < 0 || block >= p.num_blocks) {
+        raise_error(p, MLA_ERR_BAD_BLOCK);
+        return -1;
+    }
+    const int slot = pos - (pos / p.page_size) * p.page_size;
+    return (block * p.page_stride + (i64)slot * p.token_stride) * 2;
+}
+
+/// A tile of keys into stage `s`, swizzled. Warp w takes keys w, w + 8, ...; lane l the
+/// key's pieces l, l + 32, l + 64 (compile-time trip counts).
+__device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, const i64* offsets, int s) {
+    constexpr int WARPS = THREADS / 32;
+    constexpr int LANE_STEPS = (PIECES + 31) / 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const u32 stage = smem_addr(sm.stage(s));
+#pragma unroll
+    for (int jj = 0; jj < BN / WARPS; ++jj) {
+        const int j = warp + jj * WARPS;
+        const i64 off = offsets[j];
+        const bool valid = off >= 0;
+        const unsigned char* src = (const unsigned char*)p.kv + (valid ? off : 0);
+#pragma unroll
+        for (int k = 0; k < LANE_STEPS; ++k) {
+            const int c = lane + 32 * k;
+            if (PIECES % 32 == 0 || k + 1 < LANE_STEPS || c < PIECES) {
+                cp_async16(stage + swizzled<BN>(j, c), src + (valid ? c * 16 : 0), valid);
+            }
+        }
+    }
+}
+
+/// A row whose keys are all outside this (single) split: o = 0, lse = -inf.
+__device__ void write_empty(const DecodeParams& p, int row, int head0) {
+    for (int c = threadIdx.x; c < M * (L / 2); c += THREADS) {
+        const int r = c / (L / 2), col = 2 * (c % (L / 2));
+        const int head = head0 + r;
+        if (head >= p.heads) continue;
+        *(u32*)((u16*)p.o + row * p.o_row + head * p.o_head + col) = 0u;
+        if (col == 0) p.lse[row * p.lse_row + head] = bits_to_float(0xff800000u);
+    }
+}
+
+}  // namespace
+
+// One CTA per SM: the accumulators take 128 registers a thread and the tiles 226 KB.
+extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const DecodeParams p) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const Smem sm{(unsigned char*)(((u64)smem_raw + ALIGN - 1) & ~(u64)(ALIGN - 1))};
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wg = warp / 4;                          // warpgroup
+    const int r0 = (warp % 4) * 16 + lane / 4;        // this thread's rows: r0 and r0 + 8
+    const int head_blocks = (p.heads + M - 1) / M;
+    const int row = blockIdx.x / head_blocks;
+    const int head0 = (blockIdx.x % head_blocks) * M;
+    const int splits = p.num_kv_splits;
+
+    const KeyRange keys = split_keys(row_keys(p, row, tid == 0 && blockIdx.y == 0), blockIdx.y, splits);
+    if (keys.start >= keys.end) {
+        if (splits == 1) write_empty(p, row, head0);
+        return;
+    }
+    const int req = row / p.query_len;
+    const int tiles = (keys.end - keys.start + BN - 1) / BN;
+
+    // Offsets of tiles 0 and 1 now; tile t + 2's block ids are read during tile t.
+    if (tid < BN) {
+        for (int t = 0; t < STAGES; ++t) {
+            const int pos = keys.start + t * BN + tid;
+            sm.offsets(t)[tid] = key_offset(p, pos, block_of(p, req, pos, keys.end));
+        }
+    }
+    load_q(p, sm, row, head0);
+    __syncthreads();
+    load_tile(p, sm, sm.offsets(0), 0);
+    cp_async_commit();
+
+    float o[COLS / 2];  // this thread's share of the warpgroup's 64 x 256 outputs
+#pragma unroll
+    for (int i = 0; i < COLS / 2; ++i) o[i] = 0.0f;
+    float m[2] = {bits_to_float(0xff800000u), bits_to_float(0xff800000u)};  // rows r0, r0 + 8
+    float l[2] = {0.0f, 0.0f};  // warpgroup 0: this thread's share of the row sums
+
+    const u32 q_addr = smem_addr(sm.q());
+    const u32 p_addr = smem_addr(sm.p());
+
+    for (int t = 0; t < tiles; ++t) {
+        const int first = keys.start + t * BN;
+        const int st = t % STAGES;
+        // 1. Tile t (and q) landed for this thread; the fence hands them to the async proxy,
+        //    the barrier to every thread. Everyone is also done with tile t - 1 and P.
+        cp_async_wait_group<0>();
+        fence_proxy_async();
+        __syncthreads();
+        if (t + 1 < tiles) load_tile(p, sm, sm.offsets((t + 1) % STAGES), (t + 1) % STAGES);
+        cp_async_commit();
+        const int ahead = first + STAGES * BN + tid;
+        const i64 next_block = tid < BN ? block_of(p, req, ahead, keys.end) : NO_KEY;
+        const u32 k_addr = smem_addr(sm.stage(st));
+
+        if (wg == 0) {
+            // 2. S = Q K^T over D / 16 steps of k = 16: step ks reads 64-column chunk ks / 4
+            //    at byte 32 * (ks % 4) of each 128-byte row.
+            float s[BN / 2];
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ++ks) {
+                const u32 at = (ks / 4) * (M * 128) + (ks % 4) * 32;
+                wgmma_m64n64k16_ss<BF16>(s, smem_desc(q_addr + at, 16, 1024), smem_desc(k_addr + at, 16, 1024),
+                                         ks > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+
+            // Scores to base 2, masked past the split; s[4j + e]: row r0 + 8 (e / 2), key
+            // 8j + 2 (lane % 4) + e % 2.
+            float mx[2] = {bits_to_float(0xff800000u), bits_to_float(0xff800000u)};
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int pos = first + 8 * j + 2 * (lane % 4) + (e & 1);
+                    const float x = pos < keys.end ? s[4 * j + e] * p.scale_log2 : bits_to_float(0xff800000u);
+                    s[4 * j + e] = x;
+                    mx[e / 2] = fmaxf(mx[e / 2], x);
+                }
+            }
+            float alpha[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float m_new = fmaxf(m[h], quad_max(mx[h]));  // finite: a tile has a key
+                alpha[h] = exp2_approx(m[h] - m_new);
+                m[h] = m_new;
+                l[h] *= alpha[h];
+            }
+            unsigned char* prow = sm.p() + r0 * 128 + (lane % 4) * 4;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                const float p0 = exp2_approx(s[4 * j] - m[0]), p1 = exp2_approx(s[4 * j + 1] - m[0]);
+                const float p2 = exp2_approx(s[4 * j + 2] - m[1]), p3 = exp2_approx(s[4 * j + 3] - m[1]);
+                l[0] += p0 + p1;
+                l[1] += p2 + p3;
+                // Rows r0 and r0 + 8 share the swizzle (r % 8).
+                const int piece = (j ^ (r0 % 8)) * 16;
+                *(u32*)(prow + piece) = pack2<BF16>(p0, p1);
+                *(u32*)(prow + 8 * 128 + piece) = pack2<BF16>(p2, p3);
+            }
+            if (lane % 4 == 0) {
+                sm.alpha()[r0] = alpha[0];
+                sm.alpha()[r0 + 8] = alpha[1];
+            }
+            fence_proxy_async();  // P is read by wgmma next
+        }
+        __syncthreads();  // P and alpha of tile t are in shared memory
+
+        // 3. O = O * alpha + P V for this warpgroup's columns: V is MN-major, 64-column chunks
+        //    (lbo) of 8-key groups (sbo); step kk covers keys 16 kk .. 16 kk + 15.
+        const float a0 = sm.alpha()[r0], a1 = sm.alpha()[r0 + 8];
+#pragma unroll
+        for (int i = 0; i < COLS / 2; ++i) o[i] *= (i % 4) < 2 ? a0 : a1;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            const u64 da = smem_desc(p_addr + kk * 32, 16, 1024);
+            const u64 db = smem_desc(k_addr + (COLS / 64) * wg * (BN * 128) + kk * 2 * 1024, BN * 128, 1024);
+            wgmma_m64n256k16_ss<BF16>(o, da, db, 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        // Tile t + 2's offsets go where tile t's were; the next iteration's barrier publishes them.
+        if (tid < BN) sm.offsets(st)[tid] = key_offset(p, ahead, next_block);
+    }
+
+    // 4. Row sums (warpgroup 0 holds them) to every thread, then O / l and the LSE.
+    if (wg == 0) {
+        l[0] = quad_sum(l[0]);
+        l[1] = quad_sum(l[1]);
+        if (lane % 4 == 0) {
+            sm.sums()[r0] = l[0];
+            sm.sums()[r0 + 8] = l[1];
+            sm.maxima()[r0] = m[0];
+            sm.maxima()[r0 + 8] = m[1];
+        }
+    }
+    __syncthreads();
+    float inv[2], lse[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float sum = sm.sums()[r0 + 8 * h];
+        inv[h] = 1.0f / sum;
+        lse[h] = (sm.maxima()[r0 + 8 * h] + log2_approx(sum)) * LN2;
+    }
+    const i64 at = ((i64)row * splits + blockIdx.y) * p.heads;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int head = head0 + r0 + 8 * h;
+        if (head >= p.heads) continue;
+        const int col0 = wg * COLS + 2 * (lane % 4);
+        if (splits == 1) {
+            u16* out = (u16*)p.o + row * p.o_row + head * p.o_head + col0;
+#pragma unroll
+            for (int j = 0; j < COLS / 8; ++j) {
+                *(u32*)(out + 8 * j) = pack2<BF16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+            }
+            if (wg == 0 && lane % 4 == 0) p.lse[row * p.lse_row + head] = lse[h];
+        } else {
+            float* out = p.part_o + (at + head) * L + col0;
+#pragma unroll
+            for (int j = 0; j < COLS / 8; ++j) {
+                *(f32x2*)(out + 8 * j) = {o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]};
+            }
+            if (wg == 0 && lane % 4 == 0) p.part_lse[at + head] = lse[h];
+        }
+    }
+}
