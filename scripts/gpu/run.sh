@@ -99,6 +99,10 @@ if has compare; then
 64 64 4096 bf16
 128 16 4096 bf16
 1 16 8192 bf16
+128 128 4096 fp8
+1 128 8192 fp8
+64 32 4096 bf16
+64 32 4096 fp8
 CASES
   python3 scripts/gpu/compare_table.py "$out/compare.txt"
 fi

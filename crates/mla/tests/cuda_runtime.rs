@@ -192,8 +192,8 @@ fn bad_values_raise_the_device_flag_and_are_never_read() {
 
 #[test]
 fn hopper_decodes_many_heads_with_wgmma() {
-    // What each head count builds on this device; on sm_90a, 64 and 128 heads with a cache
-    // in the model dtype must take the wgmma kernel (unless MLA_KERNEL=mma asks otherwise).
+    // What each head count builds on this device; on sm_90a, 64 and 128 heads must take the
+    // wgmma kernel, whatever the cache (unless MLA_KERNEL=mma asks otherwise).
     for (heads, kv, dtype) in [
         (128, KvFormat::Bf16, CacheDtype::Auto),
         (64, KvFormat::Bf16, CacheDtype::Auto),
@@ -221,8 +221,8 @@ fn hopper_decodes_many_heads_with_wgmma() {
         let hopper = cuda.target().arch == "sm_90a";
         let expect_wgmma = match std::env::var("MLA_KERNEL").as_deref() {
             Ok("mma") => false,
-            Ok("wgmma") => hopper && !kv.is_fp8(),
-            _ => hopper && heads >= registry::WGMMA_MIN_HEADS && !kv.is_fp8(),
+            Ok("wgmma") => hopper,
+            _ => hopper && heads >= registry::WGMMA_MIN_HEADS,
         };
         assert_eq!(
             families.contains(&Family::DecodeWgmma),

@@ -19,13 +19,17 @@
  *      (warpgroup w owns columns 256 w .. 256 w + 255: 64 x 256 f32, 128 registers a thread);
  *      V is the first L columns of the same key tile, read MN-major.
  *   4. At the end O / l and the LSE, as in decode_mma.
+ * Caches not in the model dtype are converted after step 1, as decode_mma does (bit-exact
+ * with the CPU backend): the other 16-bit type in place, fp8 from a raw row-major stage
+ * (half the bytes) into a swizzled tile of its own; one more barrier a tile.
  *
  * Compile-time configuration (-D):
  *   MLA_L, MLA_R   latent and rotary widths (L = 512: two warpgroups of 256 columns;
  *                  (L + R) % 64 == 0)
  *   MLA_BF16       1: the model dtype is bf16, 0: f16
- *   MLA_KV         0: the cache is in the model dtype (the only format this kernel reads)
+ *   MLA_KV         0: cache in the model dtype; 1: the other 16-bit type; 2: fp8 e4m3; 3: fp8 e5m2
  */
+#include "common/fp8.cuh"
 #include "common/ptx.cuh"
 #include "common/rows.cuh"
 #include "common/wgmma.cuh"
@@ -42,7 +46,14 @@ constexpr int BN = 64;          // keys per tile
 constexpr int STAGES = 2;       // key tiles in the ring
 constexpr int THREADS = 256;    // two warpgroups
 constexpr int PIECES = D / 8;   // 16-byte pieces per row
-constexpr int TILE_BYTES = M * D * 2;  // q, a key tile (BN == M)
+constexpr int KV = MLA_KV;
+constexpr bool CONVERT = KV != 0;
+constexpr bool FP8 = KV >= 2;             // fp8 stages raw rows and converts into a tile of its own
+constexpr int KV_ELEM = FP8 ? 1 : 2;      // bytes per cache element
+constexpr int KEY_PIECES = D * KV_ELEM / 16;  // 16-byte pieces per cache row
+constexpr int TILE_BYTES = M * D * 2;     // q, a swizzled key tile (BN == M)
+constexpr int STAGE_BYTES = FP8 ? BN * D : TILE_BYTES;
+constexpr int KT_BYTES = FP8 ? TILE_BYTES : 0;
 constexpr int P_BYTES = M * BN * 2;
 constexpr int OFF_BYTES = STAGES * BN * 8;
 constexpr int STAT_BYTES = 3 * M * 4;  // alpha, then the final row sums and maxima
@@ -52,19 +63,16 @@ constexpr int COLS = L / 2;            // output columns per warpgroup
 
 static_assert(L == 512, "two warpgroups of m64n256 cover L = 512");
 static_assert(D % 64 == 0, "rows must be whole 64-column chunks");
-static_assert(MLA_KV == 0, "this kernel reads caches in the model dtype");
+static_assert(KV >= 0 && KV <= 3, "cache format code");
 
 struct Smem {
     unsigned char* base;  // 1024-byte aligned
     __device__ unsigned char* q() const { return base; }
-    __device__ unsigned char* stage(int s) const { return base + TILE_BYTES + s * TILE_BYTES; }
-    __device__ unsigned char* p() const { return base + (1 + STAGES) * TILE_BYTES; }
-    __device__ i64* offsets(int s) const {
-        return (i64*)(base + (1 + STAGES) * TILE_BYTES + P_BYTES) + s * BN;
-    }
-    __device__ float* alpha() const {
-        return (float*)(base + (1 + STAGES) * TILE_BYTES + P_BYTES + OFF_BYTES);
-    }
+    __device__ unsigned char* stage(int s) const { return base + TILE_BYTES + s * STAGE_BYTES; }
+    __device__ unsigned char* kt() const { return base + TILE_BYTES + STAGES * STAGE_BYTES; }
+    __device__ unsigned char* p() const { return kt() + KT_BYTES; }
+    __device__ i64* offsets(int s) const { return (i64*)(p() + P_BYTES) + s * BN; }
+    __device__ float* alpha() const { return (float*)(p() + P_BYTES + OFF_BYTES); }
     __device__ float* sums() const { return alpha() + M; }
     __device__ float* maxima() const { return alpha() + 2 * M; }
 };
@@ -73,7 +81,7 @@ struct Smem {
 
 /// Shared memory the kernel needs (the host checks it against its own count).
 extern "C" __constant__ int mla_decode_smem_bytes =
-    ALIGN + (1 + STAGES) * TILE_BYTES + P_BYTES + OFF_BYTES + STAT_BYTES;
+    ALIGN + TILE_BYTES + STAGES * STAGE_BYTES + KT_BYTES + P_BYTES + OFF_BYTES + STAT_BYTES;
 
 namespace {
 
@@ -112,14 +120,15 @@ __device__ __forceinline__ i64 key_offset(const DecodeParams& p, int pos, i64 bl
         return -1;
     }
     const int slot = pos - (pos / p.page_size) * p.page_size;
-    return (block * p.page_stride + (i64)slot * p.token_stride) * 2;
+    return (block * p.page_stride + (i64)slot * p.token_stride) * KV_ELEM;
 }
 
-/// A tile of keys into stage `s`, swizzled. Warp w takes keys w, w + 8, ...; lane l the
-/// key's pieces l, l + 32, l + 64 (compile-time trip counts).
+/// A tile of keys into stage `s`: swizzled for 16-bit caches, row-major raw bytes for fp8.
+/// Warp w takes keys w, w + 8, ...; lane l the key's pieces l, l + 32, ... (compile-time
+/// trip counts).
 __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, const i64* offsets, int s) {
     constexpr int WARPS = THREADS / 32;
-    constexpr int LANE_STEPS = (PIECES + 31) / 32;
+    constexpr int LANE_STEPS = (KEY_PIECES + 31) / 32;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const u32 stage = smem_addr(sm.stage(s));
 #pragma unroll
@@ -131,11 +140,37 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm,
 #pragma unroll
         for (int k = 0; k < LANE_STEPS; ++k) {
             const int c = lane + 32 * k;
-            if (PIECES % 32 == 0 || k + 1 < LANE_STEPS || c < PIECES) {
-                cp_async16(stage + swizzled<BN>(j, c), src + (valid ? c * 16 : 0), valid);
+            if (KEY_PIECES % 32 == 0 || k + 1 < LANE_STEPS || c < KEY_PIECES) {
+                const u32 dst = stage + (FP8 ? j * (D * KV_ELEM) + c * 16 : swizzled<BN>(j, c));
+                cp_async16(dst, src + (valid ? c * 16 : 0), valid);
             }
         }
     }
+}
+
+/// A staged tile not in the model dtype into one that is (decoded, times k_scale, rounded):
+/// fp8 from the raw stage into the swizzled tile of its own, the other 16-bit type in place.
+/// Returns the tile the products read.
+__device__ __forceinline__ unsigned char* convert_tile(const Smem& sm, int s, float k_scale) {
+    constexpr int GROUPS = D / 8;  // 8 elements per conversion
+    constexpr int STEPS = (BN * GROUPS + THREADS - 1) / THREADS;
+    unsigned char* stage = sm.stage(s);
+    unsigned char* kt = FP8 ? sm.kt() : stage;
+#pragma unroll 2
+    for (int i = 0; i < STEPS; ++i) {
+        const int c = threadIdx.x + i * THREADS;
+        if ((BN * GROUPS) % THREADS != 0 && c >= BN * GROUPS) break;
+        const int j = c / GROUPS, g = c % GROUPS;
+        u32x4 raw;
+        if (FP8) {
+            const u32x2 lo = *(const u32x2*)(stage + j * D + g * 8);
+            raw = {lo.x, lo.y, 0u, 0u};
+        } else {
+            raw = *(const u32x4*)(stage + swizzled<BN>(j, g));
+        }
+        *(u32x4*)(kt + swizzled<BN>(j, g)) = convert8<KV, BF16>(raw, k_scale);
+    }
+    return kt;
 }
 
 /// A row whose keys are all outside this (single) split: o = 0, lse = -inf.
@@ -170,6 +205,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
     }
     const int req = row / p.query_len;
     const int tiles = (keys.end - keys.start + BN - 1) / BN;
+    const float k_scale = p.k_scale_ptr != nullptr ? *p.k_scale_ptr : p.k_scale;
 
     // Offsets of tiles 0 and 1 now; tile t + 2's block ids are read during tile t.
     if (tid < BN) {
@@ -204,7 +240,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
         cp_async_commit();
         const int ahead = first + STAGES * BN + tid;
         const i64 next_block = tid < BN ? block_of(p, req, ahead, keys.end) : NO_KEY;
-        const u32 k_addr = smem_addr(sm.stage(st));
+        u32 k_addr = smem_addr(sm.stage(st));
+        if (CONVERT) {
+            // Everyone finished tile t - 1's products (the barrier above), so the converted
+            // tile is free; the fence hands the converted values to the async proxy.
+            k_addr = smem_addr(convert_tile(sm, st, k_scale));
+            fence_proxy_async();
+            __syncthreads();
+        }
 
         if (wg == 0) {
             // 2. S = Q K^T over D / 16 steps of k = 16: step ks reads 64-column chunk ks / 4

@@ -144,11 +144,18 @@ impl Variant {
         match self.family {
             Family::Combine => return 0,
             Family::DecodeWgmma => {
-                // 1024 bytes of alignment slack, q and two key tiles of 64 x D, P (64 x 64),
-                // two tiles of key offsets, three rows of 64 floats.
+                // 1024 bytes of alignment slack, q (64 x D), two stages (swizzled 16-bit
+                // tiles, or raw fp8 rows plus the converted tile), P (64 x 64), two tiles
+                // of key offsets, three rows of 64 floats.
                 let t = WGMMA_TILE;
                 let d = self.kv_lora_rank + self.rope_dim;
-                return 1024 + 3 * t * d * 2 + t * t * 2 + 2 * t * 8 + 3 * t * 4;
+                let tile = t * d * 2;
+                let (stage, converted) = if self.kv >= 2 {
+                    (t * d, tile)
+                } else {
+                    (tile, 0)
+                };
+                return 1024 + tile + 2 * stage + converted + t * t * 2 + 2 * t * 8 + 3 * t * 4;
             }
             Family::DecodeMma => {}
         }
@@ -205,8 +212,7 @@ impl KernelChoice {
     }
 }
 
-/// The wgmma variant, where it can run: an sm_90a device, L = 512, whole 64-column chunks,
-/// a cache in the model dtype.
+/// The wgmma variant, where it can run: an sm_90a device, L = 512, whole 64-column chunks.
 pub fn wgmma_variant(
     kv_lora_rank: usize,
     rope_dim: usize,
@@ -225,7 +231,6 @@ pub fn wgmma_variant(
     };
     let applies = kv_lora_rank == 512
         && (kv_lora_rank + rope_dim).is_multiple_of(64)
-        && v.kv == 0
         && v.smem_bytes() <= smem_limit;
     applies.then_some(v)
 }
@@ -441,22 +446,28 @@ mod tests {
             pick(128, KvFormat::Bf16, true, KernelChoice::Mma),
             Some(Family::DecodeMma)
         );
-        // Not Hopper, or a cache the kernel does not read: the mma kernel.
-        assert_eq!(
-            pick(128, KvFormat::Bf16, false, auto),
-            Some(Family::DecodeMma)
-        );
+        // Every cache format; not before Hopper.
         assert_eq!(
             pick(128, KvFormat::Fp8E4m3, true, auto),
-            Some(Family::DecodeMma)
+            Some(Family::DecodeWgmma)
         );
         assert_eq!(
             pick(128, KvFormat::F16, true, auto),
+            Some(Family::DecodeWgmma)
+        );
+        assert_eq!(
+            pick(128, KvFormat::Bf16, false, auto),
             Some(Family::DecodeMma)
         );
         // Its layout: q, two key tiles and P of 64 rows, offsets and statistics, 1 KB slack.
         let v = wgmma_variant(512, 64, ModelDtype::F16, KvFormat::F16, 232_448).unwrap();
         assert_eq!(v.smem_bytes(), 1024 + 3 * 73_728 + 8_192 + 1_024 + 768);
+        // fp8: two raw stages of 576 bytes a key and the converted tile: the same total.
+        let v = wgmma_variant(512, 64, ModelDtype::Bf16, KvFormat::Fp8E4m3, 232_448).unwrap();
+        assert_eq!(
+            v.smem_bytes(),
+            1024 + 73_728 + 2 * 36_864 + 73_728 + 8_192 + 1_024 + 768
+        );
         assert_eq!((v.threads(), v.row_warps * 16), (256, 64));
         assert!(wgmma_variant(256, 64, ModelDtype::F16, KvFormat::F16, 232_448).is_none());
         assert!(wgmma_variant(512, 64, ModelDtype::F16, KvFormat::F16, 166_912).is_none());
