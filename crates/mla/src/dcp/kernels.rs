@@ -20,7 +20,7 @@ const HEADERS: [(&str, &str); 1] = [(
     include_str!("../../kernels/dcp/params.cuh"),
 )];
 
-/// The kernels of the family, in the order [`DcpKernels`] holds them.
+/// The kernels of the family, in the order the loaded family holds them.
 pub const ENTRIES: [&str; 5] = [
     "dcp_local_seq_lens",
     "dcp_scale_partials",
