@@ -62,6 +62,13 @@ pub struct BenchArgs {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Decode context parallelism: time one GPU against this many (GPUs 0..N, NCCL), the
+    /// heads being the total over the ranks (needs the `nccl` feature).
+    #[arg(long, value_parser = positive)]
+    dcp: Option<usize>,
+    /// DCP interleave: tokens per chunk dealt to a rank.
+    #[arg(long, value_parser = positive, default_value_t = 1)]
+    dcp_interleave: usize,
 }
 
 /// A whole number >= 1.
@@ -164,6 +171,9 @@ fn cache_dtype(name: &str) -> mla::Result<CacheDtype> {
 }
 
 pub fn run(args: &BenchArgs) -> mla::Result<()> {
+    if let Some(world) = args.dcp {
+        return run_dcp(args, world);
+    }
     let cases = if args.has_case() {
         vec![args.case()]
     } else {
@@ -202,20 +212,7 @@ fn measure(case: &Case, backend: BackendArg, iters: usize, seed: u64) -> mla::Re
     cfg.kv_cache_dtype = cache;
     cfg.sliding_window = case.window;
     let mut dec = MlaDecode::new(&cfg, backend.device())?;
-
-    let lens = ProblemSpec::lengths(case.batch, case.ctx, case.varlen, seed);
-    let mut spec = ProblemSpec::new(case.heads, lens);
-    spec.page_size = case.page;
-    spec.query_len = case.query_len;
-    spec.mask = if case.causal {
-        Mask::Causal
-    } else {
-        Mask::NonCausal
-    };
-    spec.kv_format = cache.resolve(ModelDtype::Bf16)?;
-    spec.k_scale = if spec.kv_format.is_fp8() { 0.5 } else { 1.0 };
-    spec.seed = seed;
-    let problem = Problem::generate(&spec)?;
+    let problem = generate(case, cache, seed)?;
 
     dec.reserve_workspace(problem.rows(), case.ctx)?;
     dec.lock_workspace();
@@ -242,6 +239,92 @@ fn measure(case: &Case, backend: BackendArg, iters: usize, seed: u64) -> mla::Re
         tflops: flops / timed.secs / 1e12,
         err_o: acc.o_rel,
         err_lse: acc.lse_abs,
+    })
+}
+
+/// The random problem of a case.
+fn generate(case: &Case, cache: CacheDtype, seed: u64) -> mla::Result<Problem> {
+    let lens = ProblemSpec::lengths(case.batch, case.ctx, case.varlen, seed);
+    let mut spec = ProblemSpec::new(case.heads, lens);
+    spec.page_size = case.page;
+    spec.query_len = case.query_len;
+    spec.mask = if case.causal {
+        Mask::Causal
+    } else {
+        Mask::NonCausal
+    };
+    spec.kv_format = cache.resolve(ModelDtype::Bf16)?;
+    spec.k_scale = if spec.kv_format.is_fp8() { 0.5 } else { 1.0 };
+    spec.seed = seed;
+    Problem::generate(&spec)
+}
+
+/// `--dcp N`: one GPU against N for the case of the arguments.
+#[cfg(feature = "nccl")]
+fn run_dcp(args: &BenchArgs, world: usize) -> mla::Result<()> {
+    use crate::dcp_bench;
+    use mla::dcp::DcpMerge;
+
+    let case = args.case();
+    let iters = args.iters.unwrap_or(20);
+    let cache = cache_dtype(&case.kv_dtype)?;
+    let mut cfg = MlaConfig::new(case.heads, 192f32.powf(-0.5));
+    cfg.kv_cache_dtype = cache;
+    cfg.sliding_window = case.window;
+    if let Err(why) = mla::dcp::available(world) {
+        return Err(mla::Error::Nccl {
+            op: "bench --dcp",
+            detail: why,
+        });
+    }
+    let problem = generate(&case, cache, args.seed)?;
+    let (one_us, one_o) = dcp_bench::single_gpu(&problem, &cfg, iters)?;
+    println!(
+        "dcp bench: {} requests x {} keys{}, {} heads in all, kv {}, I = {}, {} GPUs, {} iterations",
+        case.batch,
+        case.ctx,
+        if case.varlen { " (varlen)" } else { "" },
+        case.heads,
+        case.kv_dtype,
+        args.dcp_interleave,
+        world,
+        iters
+    );
+    println!(
+        "| merge | 1 GPU (us) | {world} GPUs (us) | local attention (us) | exchange + merge (us) | speedup | o vs 1 GPU |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for merge in [DcpMerge::AllGatherReduceScatter, DcpMerge::AllToAll] {
+        let m = dcp_bench::measure(
+            &problem,
+            &cfg,
+            world,
+            args.dcp_interleave,
+            merge,
+            iters,
+            &one_o,
+        )?;
+        let name = match m.merge {
+            DcpMerge::AllGatherReduceScatter => "all-gather + reduce-scatter",
+            DcpMerge::AllToAll => "all-to-all",
+        };
+        println!(
+            "| {name} | {one_us:.1} | {:.1} | {:.1} | {:.1} | {:.2}x | {:.1e} |",
+            m.total_us,
+            m.attend_us,
+            m.total_us - m.attend_us,
+            one_us / m.total_us,
+            m.diff
+        );
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "nccl"))]
+fn run_dcp(_args: &BenchArgs, _world: usize) -> mla::Result<()> {
+    Err(mla::Error::Nccl {
+        op: "bench --dcp",
+        detail: "mla was built without the nccl feature".into(),
     })
 }
 

@@ -6,6 +6,8 @@
 //! - `mla precompile`: build the GPU kernels ahead of time (and check them for spills).
 
 mod bench;
+#[cfg(feature = "nccl")]
+mod dcp_bench;
 #[cfg(feature = "cuda")]
 mod gpu_timing;
 mod info;

@@ -23,6 +23,9 @@ pub fn run(args: &PrecompileArgs) -> mla::Result<()> {
     use mla::backend::cuda::registry;
 
     let mut builds: Vec<(String, Built)> = Vec::new();
+    // The DCP family (decode context parallelism) compiles for every arch; a device loads it
+    // when a DcpDecode is made.
+    let mut dcp: Vec<(String, mla::dcp::kernels::DcpBuilt)> = Vec::new();
     if args.arch.is_empty() {
         let mut dec = mla::MlaDecode::new(&mla::MlaConfig::new(16, 0.1), mla::Device::Cuda(0))?;
         let Some(cuda) = dec.cuda_backend_mut() else {
@@ -44,6 +47,10 @@ pub fn run(args: &PrecompileArgs) -> mla::Result<()> {
             for v in registry::all_variants(registry::smem_limit_of_arch(major, minor), wgmma) {
                 let b = compile::build(&v, &target, !args.deny_spills)?;
                 builds.push((target.arch.clone(), b));
+            }
+            for dtype in [mla::ModelDtype::Bf16, mla::ModelDtype::F16] {
+                let b = mla::dcp::kernels::build(&target, dtype, !args.deny_spills)?;
+                dcp.push((target.arch.clone(), b));
             }
         }
     }
@@ -73,7 +80,34 @@ pub fn run(args: &PrecompileArgs) -> mla::Result<()> {
             b.millis
         );
     }
-    println!("{} kernels built, {} with spills", builds.len(), spilled);
+    for (arch, b) in &dcp {
+        let (regs, spills) = match b.usage {
+            Some(u) => (
+                u.registers.to_string(),
+                (u.spill_stores + u.spill_loads).to_string(),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        spilled += b.usage.is_some_and(|u| u.spills()) as usize;
+        println!(
+            "{:<8} {:<20} {:<54} {:>5} {:>6} {:>8} {:>9.1}",
+            arch,
+            "dcp (5 entries)",
+            format!(
+                "MODEL_BF16={}",
+                u8::from(b.model_dtype == mla::ModelDtype::Bf16)
+            ),
+            regs,
+            spills,
+            if b.from_disk { "cache" } else { "nvrtc" },
+            b.millis
+        );
+    }
+    println!(
+        "{} kernels built, {} with spills",
+        builds.len() + dcp.len(),
+        spilled
+    );
     if args.deny_spills && spilled > 0 {
         return Err(mla::Error::Compile {
             kernel: format!("{spilled} variants"),

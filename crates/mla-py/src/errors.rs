@@ -19,6 +19,7 @@ pub fn to_py(e: Error) -> PyErr {
         Error::NoCudaDevice(_)
         | Error::CudaNotCompiled
         | Error::Driver { .. }
+        | Error::Nccl { .. }
         | Error::Compile { .. }
         | Error::DeviceCheck { .. }
         | Error::Alloc { .. }

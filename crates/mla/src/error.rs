@@ -310,6 +310,15 @@ pub enum Error {
         source: cudarc::driver::DriverError,
     },
 
+    /// An NCCL call failed (decode context parallelism), or NCCL cannot be used.
+    #[error("NCCL call failed ({op}): {detail}")]
+    Nccl {
+        /// What was being done.
+        op: &'static str,
+        /// NCCL's error, or why NCCL is unusable.
+        detail: String,
+    },
+
     /// NVRTC could not compile a kernel; the log says why.
     #[error("could not compile {kernel}:\n{log}")]
     Compile {

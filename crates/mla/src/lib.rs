@@ -56,12 +56,15 @@
 //! - `cuda` (default): the CUDA backend, through cudarc with run-time loading of libcuda and
 //!   libnvrtc, so it builds on machines without CUDA. Without it, [`Device::Cuda`] is
 //!   [`Error::CudaNotCompiled`] and [`Device::Auto`] picks the CPU.
+//! - `nccl` (implies `cuda`): decode context parallelism over several GPUs ([`dcp`]), through
+//!   cudarc's NCCL 2.28 bindings, loaded at run time from an unversioned `libnccl.so`.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod args;
 pub mod backend;
 pub mod config;
+pub mod dcp;
 mod decode;
 pub mod dtype;
 pub mod error;

@@ -13,7 +13,7 @@
 
 pub mod cache;
 pub mod compile;
-mod ffi;
+pub(crate) mod ffi;
 mod params;
 pub mod registry;
 

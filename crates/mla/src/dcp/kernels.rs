@@ -1,0 +1,131 @@
+//! The DCP kernel family (`kernels/dcp/`): built by NVRTC for the device, cached on disk like
+//! the decode kernels (same cache, keyed by source, options, arch and NVRTC version), one
+//! module per model dtype holding every entry.
+
+use std::time::Instant;
+
+use cudarc::driver::{CudaContext, CudaFunction};
+use cudarc::nvrtc::Ptx;
+use std::sync::Arc;
+
+use crate::backend::cuda::compile::{Target, Usage, usage};
+use crate::backend::cuda::{cache, ffi};
+use crate::dtype::ModelDtype;
+use crate::error::{Error, Result};
+
+/// The source and its header.
+const SOURCE: &str = include_str!("../../kernels/dcp/kernel.cu");
+const HEADERS: [(&str, &str); 1] = [(
+    "dcp/params.cuh",
+    include_str!("../../kernels/dcp/params.cuh"),
+)];
+
+/// The kernels of the family, in the order the loaded family holds them.
+pub const ENTRIES: [&str; 5] = [
+    "dcp_local_seq_lens",
+    "dcp_scale_partials",
+    "dcp_finish_sum",
+    "dcp_pack",
+    "dcp_merge_gathered",
+];
+
+/// A built module: the cubin, ptxas' report (None from the disk cache), where it came from.
+#[derive(Debug, Clone)]
+pub struct DcpBuilt {
+    /// The model dtype it was built for.
+    pub model_dtype: ModelDtype,
+    /// The cubin.
+    pub cubin: Vec<u8>,
+    /// ptxas' report of the last entry compiled (registers, spills).
+    pub usage: Option<Usage>,
+    /// Whether the disk cache had it.
+    pub from_disk: bool,
+    /// Milliseconds spent.
+    pub millis: f64,
+}
+
+fn options(target: &Target, dtype: ModelDtype) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={}", target.arch),
+        "--std=c++17".into(),
+        "--ptxas-options=-v".into(),
+        format!("-DMODEL_BF16={}", u8::from(dtype == ModelDtype::Bf16)),
+    ]
+}
+
+/// The module for `dtype` on `target`: from the disk cache when `use_cache` and present,
+/// else compiled (and stored). Needs libnvrtc, not a GPU.
+///
+/// # Errors
+/// [`Error::Compile`] with NVRTC's log.
+pub fn build(target: &Target, dtype: ModelDtype, use_cache: bool) -> Result<DcpBuilt> {
+    let start = Instant::now();
+    let opts = options(target, dtype);
+    let sources = [HEADERS[0].1, SOURCE];
+    let name = cache::file_name("dcp", &target.arch, &sources, &opts, target.nvrtc);
+    let dir = cache::dir();
+    if use_cache && let Some(cubin) = dir.as_deref().and_then(|d| cache::load(d, &name)) {
+        return Ok(DcpBuilt {
+            model_dtype: dtype,
+            cubin,
+            usage: None,
+            from_disk: true,
+            millis: start.elapsed().as_secs_f64() * 1e3,
+        });
+    }
+    let compiled = ffi::compile_cubin("dcp/kernel.cu", SOURCE, &HEADERS, &opts)?;
+    if let Some(d) = dir.as_deref() {
+        cache::store(d, &name, &compiled.cubin);
+    }
+    Ok(DcpBuilt {
+        model_dtype: dtype,
+        cubin: compiled.cubin,
+        usage: usage(&compiled.log),
+        from_disk: false,
+        millis: start.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// The family's kernels, loaded on one device for one model dtype.
+#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+#[derive(Debug)]
+pub(crate) struct DcpKernels {
+    pub local_seq_lens: CudaFunction,
+    pub scale_partials: CudaFunction,
+    pub finish_sum: CudaFunction,
+    pub pack: CudaFunction,
+    pub merge_gathered: CudaFunction,
+}
+
+#[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+impl DcpKernels {
+    /// Builds (or reads from the disk cache) and loads the module into `ctx`.
+    ///
+    /// # Errors
+    /// [`Error::Compile`], [`Error::Driver`].
+    pub(crate) fn load(ctx: &Arc<CudaContext>, target: &Target, dtype: ModelDtype) -> Result<Self> {
+        let mut built = build(target, dtype, true)?;
+        let module = match ctx.load_module(Ptx::from_binary(std::mem::take(&mut built.cubin))) {
+            Ok(m) => m,
+            // A damaged cache entry: compile afresh (which overwrites it).
+            Err(_) if built.from_disk => {
+                let fresh = build(target, dtype, false)?;
+                ctx.load_module(Ptx::from_binary(fresh.cubin))
+                    .map_err(Error::driver("load the dcp module"))?
+            }
+            Err(e) => return Err(Error::driver("load the dcp module")(e)),
+        };
+        let f = |name| {
+            module
+                .load_function(name)
+                .map_err(Error::driver("load a dcp kernel"))
+        };
+        Ok(DcpKernels {
+            local_seq_lens: f(ENTRIES[0])?,
+            scale_partials: f(ENTRIES[1])?,
+            finish_sum: f(ENTRIES[2])?,
+            pack: f(ENTRIES[3])?,
+            merge_gathered: f(ENTRIES[4])?,
+        })
+    }
+}
