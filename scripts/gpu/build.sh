@@ -13,14 +13,15 @@ out=gpu-bin
 rm -rf "$out"
 mkdir -p "$out/tests"
 
-cargo build --release -p mla-cli
+# The CLI with decode context parallelism (NCCL is loaded at run time, only by --dcp).
+cargo build --release -p mla-cli --features nccl
 cp target/release/mla "$out/mla"
 
 # The test binaries, by name (cargo prints their paths as JSON).
-cargo test --release -p mla --tests --no-run --message-format=json 2>/dev/null |
+cargo test --release -p mla --features nccl --tests --no-run --message-format=json 2>/dev/null |
   python3 -c '
 import json, sys, shutil
-want = {"cuda_contract", "cuda_runtime", "cuda_sanitize", "cpu_contract"}
+want = {"cuda_contract", "cuda_runtime", "cuda_sanitize", "cpu_contract", "dcp_gpu"}
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
