@@ -3,7 +3,10 @@
 # (scripts/gpu/build.sh) and optionally .anchors/ carried. Writes every log into $OUT (the
 # folder that comes back), or ./results when $OUT is unset. The last lines printed are a
 # summary.
-#   scripts/gpu/run.sh [all|tests|memcheck|racecheck|pytest|bench|compare|profile|anchors] ...
+#   scripts/gpu/run.sh [all|tests|memcheck|racecheck|pytest|bench|compare|ablate|profile|dcp|anchors] ...
+# `ablate` times the wgmma kernel with parts switched off (MLA_EXTRA_DEFINES, see
+# kernels/decode_wgmma/NOTES.md); `dcp` runs the two-GPU DCP test and `mla bench --dcp 2`
+# (needs two GPUs).
 # `tests` runs the GPU suites with the kernels chosen as shipped, then the contract and
 # runtime suites again with MLA_KERNEL=wgmma (the Hopper kernel at every head count) and
 # MLA_KERNEL=mma (the sm_80 kernel at every head count). `compare` times both stage-1
@@ -105,6 +108,35 @@ if has compare; then
 64 32 4096 fp8
 CASES
   python3 scripts/gpu/compare_table.py "$out/compare.txt"
+fi
+
+if has ablate; then
+  # The wgmma kernel with one part switched off at a time, on two problems.
+  for defs in "" -DMLA_EXP_NO_S -DMLA_EXP_NO_PV -DMLA_EXP_NO_LOAD -DMLA_LOADER_WG1; do
+    for shape in "64 64" "128 128"; do
+      set -- $shape
+      r=$(MLA_KERNEL=wgmma MLA_EXTRA_DEFINES="$defs" timeout "$limit" gpu-bin/mla bench --backend cuda \
+        --batch "$1" --heads "$2" --ctx 4096 --page 64 --kv-dtype bf16 --iters 10 --json 2>> "$out/ablate.err" | tail -n 1)
+      echo "${defs:-base} $1 $2 4096 bf16 $r" >> "$out/ablate.txt"
+    done
+  done
+  python3 scripts/gpu/compare_table.py "$out/ablate.txt"
+fi
+
+if has dcp; then
+  n=$(nvidia-smi -L | wc -l)
+  if [ "$n" -ge 2 ]; then
+    timeout "$limit" gpu-bin/tests/dcp_gpu --test-threads=1 --nocapture > "$out/test-dcp_gpu.log" 2>&1
+    note "tests dcp_gpu: rc=$?: $(grep -E '^test result' "$out/test-dcp_gpu.log" | tail -n 1)"
+    grep -E "o_rel|lse" "$out/test-dcp_gpu.log" | head -n 12
+    for args in "--batch 64 --ctx 131072 --heads 128" "--batch 8 --ctx 524288 --heads 16"; do
+      timeout "$limit" gpu-bin/mla bench --dcp 2 $args --iters 10 >> "$out/dcp-bench.txt" 2>&1
+      note "dcp bench $args: rc=$?"
+    done
+    cat "$out/dcp-bench.txt"
+  else
+    note "dcp: skipped, $n GPU(s)"
+  fi
 fi
 
 if has profile; then

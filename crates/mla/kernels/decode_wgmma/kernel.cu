@@ -124,12 +124,13 @@ __device__ __forceinline__ i64 key_offset(const DecodeParams& p, int pos, i64 bl
 }
 
 /// A tile of keys into stage `s`: swizzled for 16-bit caches, row-major raw bytes for fp8.
-/// Warp w takes keys w, w + 8, ...; lane l the key's pieces l, l + 32, ... (compile-time
-/// trip counts).
-__device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, const i64* offsets, int s) {
-    constexpr int WARPS = THREADS / 32;
+/// Called by WARPS warps from `first_warp` on: warp w takes keys w, w + WARPS, ...; lane l
+/// the key's pieces l, l + 32, ... (compile-time trip counts).
+template <int WARPS>
+__device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, const i64* offsets, int s,
+                                          int first_warp) {
     constexpr int LANE_STEPS = (KEY_PIECES + 31) / 32;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32 - first_warp, lane = threadIdx.x % 32;
     const u32 stage = smem_addr(sm.stage(s));
 #pragma unroll
     for (int jj = 0; jj < BN / WARPS; ++jj) {
@@ -216,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
     }
     load_q(p, sm, row, head0);
     __syncthreads();
-    load_tile(p, sm, sm.offsets(0), 0);
+    load_tile<THREADS / 32>(p, sm, sm.offsets(0), 0, 0);
     cp_async_commit();
 
     float o[COLS / 2];  // this thread's share of the warpgroup's 64 x 256 outputs
@@ -236,10 +237,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
         cp_async_wait_group<0>();
         fence_proxy_async();
         __syncthreads();
-        if (t + 1 < tiles) load_tile(p, sm, sm.offsets((t + 1) % STAGES), (t + 1) % STAGES);
+        // Warpgroup 1 waits through the scores anyway: it loads the next tile and reads the
+        // block ids of the one after, so warpgroup 0 goes straight to the scores.
+        if (t + 1 < tiles && wg == 1) {
+#ifdef MLA_EXP_NO_LOAD
+            if (t == 0) load_tile<4>(p, sm, sm.offsets(1), 1, 4);  // one load, reused
+#else
+            load_tile<4>(p, sm, sm.offsets((t + 1) % STAGES), (t + 1) % STAGES, 4);
+#endif
+        }
         cp_async_commit();
-        const int ahead = first + STAGES * BN + tid;
-        const i64 next_block = tid < BN ? block_of(p, req, ahead, keys.end) : NO_KEY;
+        const int lt = tid - THREADS / 2;  // warpgroup 1's thread index
+        const int ahead = first + STAGES * BN + lt;
+        const i64 next_block = lt >= 0 && lt < BN ? block_of(p, req, ahead, keys.end) : NO_KEY;
         u32 k_addr = smem_addr(sm.stage(st));
         if (CONVERT) {
             // Everyone finished tile t - 1's products (the barrier above), so the converted
@@ -256,41 +266,46 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
 #pragma unroll
             for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
             wgmma_fence();
+#ifndef MLA_EXP_NO_S
 #pragma unroll
             for (int ks = 0; ks < D / 16; ++ks) {
                 const u32 at = (ks / 4) * (M * 128) + (ks % 4) * 32;
                 wgmma_m64n64k16_ss<BF16>(s, smem_desc(q_addr + at, 16, 1024), smem_desc(k_addr + at, 16, 1024),
                                          ks > 0);
             }
+#endif
             wgmma_commit();
             wgmma_wait<0>();
 
-            // Scores to base 2, masked past the split; s[4j + e]: row r0 + 8 (e / 2), key
-            // 8j + 2 (lane % 4) + e % 2.
+            // Raw scores, masked past the split (only the last tile has such keys); s[4j + e]:
+            // row r0 + 8 (e / 2), key 8j + 2 (lane % 4) + e % 2. The scale is positive, so
+            // the row max of raw scores times the scale is the max of the base-2 scores.
             float mx[2] = {bits_to_float(0xff800000u), bits_to_float(0xff800000u)};
+            const bool masked = first + BN > keys.end;
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int pos = first + 8 * j + 2 * (lane % 4) + (e & 1);
-                    const float x = pos < keys.end ? s[4 * j + e] * p.scale_log2 : bits_to_float(0xff800000u);
-                    s[4 * j + e] = x;
-                    mx[e / 2] = fmaxf(mx[e / 2], x);
+                    if (masked && pos >= keys.end) s[4 * j + e] = bits_to_float(0xff800000u);
+                    mx[e / 2] = fmaxf(mx[e / 2], s[4 * j + e]);
                 }
             }
+            // alpha is exactly 1 when the max did not move, so the rescale below can be skipped.
             float alpha[2];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const float m_new = fmaxf(m[h], quad_max(mx[h]));  // finite: a tile has a key
-                alpha[h] = exp2_approx(m[h] - m_new);
+                const float m_new = fmaxf(m[h], quad_max(mx[h]) * p.scale_log2);  // finite: a tile has a key
+                alpha[h] = m_new == m[h] ? 1.0f : exp2_approx(m[h] - m_new);
                 m[h] = m_new;
                 l[h] *= alpha[h];
             }
+            const float sc = p.scale_log2;
             unsigned char* prow = sm.p() + r0 * 128 + (lane % 4) * 4;
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
-                const float p0 = exp2_approx(s[4 * j] - m[0]), p1 = exp2_approx(s[4 * j + 1] - m[0]);
-                const float p2 = exp2_approx(s[4 * j + 2] - m[1]), p3 = exp2_approx(s[4 * j + 3] - m[1]);
+                const float p0 = exp2_approx(fmaf(s[4 * j], sc, -m[0])), p1 = exp2_approx(fmaf(s[4 * j + 1], sc, -m[0]));
+                const float p2 = exp2_approx(fmaf(s[4 * j + 2], sc, -m[1])), p3 = exp2_approx(fmaf(s[4 * j + 3], sc, -m[1]));
                 l[0] += p0 + p1;
                 l[1] += p2 + p3;
                 // Rows r0 and r0 + 8 share the swizzle (r % 8).
@@ -309,19 +324,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
         // 3. O = O * alpha + P V for this warpgroup's columns: V is MN-major, 64-column chunks
         //    (lbo) of 8-key groups (sbo); step kk covers keys 16 kk .. 16 kk + 15.
         const float a0 = sm.alpha()[r0], a1 = sm.alpha()[r0 + 8];
+        if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) {  // most tiles keep the max
 #pragma unroll
-        for (int i = 0; i < COLS / 2; ++i) o[i] *= (i % 4) < 2 ? a0 : a1;
+            for (int i = 0; i < COLS / 2; ++i) o[i] *= (i % 4) < 2 ? a0 : a1;
+        }
         wgmma_fence();
+#ifndef MLA_EXP_NO_PV
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             const u64 da = smem_desc(p_addr + kk * 32, 16, 1024);
             const u64 db = smem_desc(k_addr + (COLS / 64) * wg * (BN * 128) + kk * 2 * 1024, BN * 128, 1024);
             wgmma_m64n256k16_ss<BF16>(o, da, db, 1);
         }
+#endif
         wgmma_commit();
         wgmma_wait<0>();
         // Tile t + 2's offsets go where tile t's were; the next iteration's barrier publishes them.
-        if (tid < BN) sm.offsets(st)[tid] = key_offset(p, ahead, next_block);
+        if (lt >= 0 && lt < BN) sm.offsets(st)[lt] = key_offset(p, ahead, next_block);
     }
 
     // 4. Row sums (warpgroup 0 holds them) to every thread, then O / l and the LSE.

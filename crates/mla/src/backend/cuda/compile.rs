@@ -102,15 +102,42 @@ pub struct Built {
     pub millis: f64,
 }
 
-/// The NVRTC options of a variant.
+/// The NVRTC options of a variant, with the kernel-development defines of
+/// `MLA_EXTRA_DEFINES` (see [`extra_defines`]).
 pub fn options(variant: &Variant, target: &Target) -> Vec<String> {
+    let extra = std::env::var("MLA_EXTRA_DEFINES").unwrap_or_default();
+    options_with(variant, target, &extra)
+}
+
+/// The NVRTC options of a variant plus `extra` defines (only for the stage-1 kernels).
+pub fn options_with(variant: &Variant, target: &Target, extra: &str) -> Vec<String> {
     let mut o = vec![
         format!("--gpu-architecture={}", target.arch),
         "--std=c++17".into(),
         "--ptxas-options=-v".into(),
     ];
     o.extend(variant.defines());
+    if variant.family.is_decode() {
+        o.extend(extra_defines(extra));
+    }
     o
+}
+
+/// The `-DNAME` or `-DNAME=VALUE` words of `text`; anything else is ignored. For kernel
+/// development only: timing a stage-1 kernel with a part switched off (the switches are
+/// listed in each kernel's NOTES.md). The defines are part of the cache key.
+pub fn extra_defines(text: &str) -> Vec<String> {
+    text.split_whitespace()
+        .filter(|w| {
+            w.strip_prefix("-D").is_some_and(|name| {
+                !name.is_empty()
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '=')
+            })
+        })
+        .map(String::from)
+        .collect()
 }
 
 fn sources(family: Family) -> Vec<&'static str> {
@@ -161,6 +188,39 @@ pub fn build(variant: &Variant, target: &Target, use_cache: bool) -> Result<Buil
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn extra_defines_reach_only_the_stage_one_kernels() {
+        use crate::dtype::{KvFormat, ModelDtype};
+        assert_eq!(
+            extra_defines("-DMLA_EXP_NO_S  -DX=1 --use_fast_math -D -Dbad;rm"),
+            vec!["-DMLA_EXP_NO_S", "-DX=1"]
+        );
+        let target = Target {
+            arch: "sm_90a".into(),
+            nvrtc: (13, 0),
+        };
+        let decode = super::super::registry::wgmma_variant(
+            512,
+            64,
+            ModelDtype::Bf16,
+            KvFormat::Bf16,
+            232_448,
+        )
+        .unwrap();
+        let combine = super::super::registry::combine_variant(512, ModelDtype::Bf16);
+        let with = options_with(&decode, &target, "-DMLA_EXP_NO_PV");
+        assert!(with.contains(&"-DMLA_EXP_NO_PV".to_string()));
+        assert_eq!(
+            options_with(&decode, &target, "").len() + 1,
+            with.len(),
+            "one define more"
+        );
+        assert!(
+            !options_with(&combine, &target, "-DMLA_EXP_NO_PV")
+                .contains(&"-DMLA_EXP_NO_PV".to_string())
+        );
+    }
 
     #[test]
     fn parses_ptxas_reports() {
