@@ -37,13 +37,14 @@ gpu-bin/mla info > "$out/info.txt" 2>&1
 gpu-bin/mla precompile > "$out/precompile.txt" 2>&1
 note "precompile: $(tail -n 1 "$out/precompile.txt")"
 
-# run_test NAME KERNEL: one test binary with MLA_KERNEL=KERNEL (empty: as shipped).
+# run_test NAME KERNEL [DEFINES]: one test binary with MLA_KERNEL=KERNEL (empty: as shipped)
+# and MLA_EXTRA_DEFINES=DEFINES.
 run_test() {
-  local t=$1 kernel=$2 log="$out/test-$1${2:+-$2}.log" start rc
+  local t=$1 kernel=$2 defs=${3:-} log="$out/test-$1${2:+-$2}${3:+-try}.log" start rc
   start=$(date +%s)
-  MLA_KERNEL=$kernel timeout "$limit" gpu-bin/tests/$t --nocapture > "$log" 2>&1
+  MLA_KERNEL=$kernel MLA_EXTRA_DEFINES=$defs timeout "$limit" gpu-bin/tests/$t --nocapture > "$log" 2>&1
   rc=$?
-  note "tests $t${kernel:+ (MLA_KERNEL=$kernel)}: rc=$rc ($(( $(date +%s) - start ))s): $(grep -E '^test result' "$log" | tail -n 1)"
+  note "tests $t${kernel:+ (MLA_KERNEL=$kernel)}${defs:+ ($defs)}: rc=$rc ($(( $(date +%s) - start ))s): $(grep -E '^test result' "$log" | tail -n 1)"
   if [ $rc -ne 0 ]; then
     grep -E -B2 -A12 "panicked|^---- " "$log" | cut -c1-400 | head -n 60
   fi
@@ -53,6 +54,10 @@ if has tests; then
   for k in wgmma mma; do
     for t in cuda_contract cuda_runtime; do run_test $t $k; done
   done
+  # A kernel variant under trial (MLA_TRY_DEFINES, e.g. -DMLA_SEESAW), on the wgmma kernel.
+  if [ -n "${MLA_TRY_DEFINES:-}" ]; then
+    for t in cuda_contract cuda_runtime cuda_sanitize; do run_test $t wgmma "$MLA_TRY_DEFINES"; done
+  fi
   # The Hopper kernel must be built of warpgroup MMAs (HGMMA in the SASS).
   for f in $(find "$MLA_CACHE_DIR" -type f); do
     n=$(cuobjdump -sass "$f" 2>/dev/null | grep -c HGMMA)
@@ -64,12 +69,14 @@ fi
 # Each sanitizer twice: kernels as shipped, then the wgmma kernel at every head count.
 for tool in memcheck racecheck; do
   if has "$tool"; then
-    for k in "" wgmma; do
+    for k in "" wgmma ${MLA_TRY_DEFINES:+try}; do
+      defs=""; kernel=$k
+      if [ "$k" = try ]; then defs=$MLA_TRY_DEFINES; kernel=wgmma; fi
       log="$out/sanitizer-$tool${k:+-$k}.log"
-      MLA_KERNEL=$k timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        gpu-bin/tests/cuda_sanitize --test-threads=1 > "$log" 2>&1
+      MLA_KERNEL=$kernel MLA_EXTRA_DEFINES=$defs timeout "$limit" compute-sanitizer --tool "$tool" \
+        --error-exitcode 9 gpu-bin/tests/cuda_sanitize --test-threads=1 > "$log" 2>&1
       rc=$?
-      note "compute-sanitizer $tool${k:+ (MLA_KERNEL=$k)}: rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$log" | tr '\n' ' ')"
+      note "compute-sanitizer $tool${k:+ (MLA_KERNEL=$kernel $defs)}: rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$log" | tr '\n' ' ')"
     done
   fi
 done
@@ -112,8 +119,8 @@ fi
 
 if has ablate; then
   # The wgmma kernel with one part switched off at a time, on two problems.
-  for defs in "" -DMLA_EXP_NO_S -DMLA_EXP_NO_PV -DMLA_EXP_NO_LOAD -DMLA_LOADER_WG1; do
-    for shape in "64 64" "128 128"; do
+  for defs in "" -DMLA_EXP_NO_S -DMLA_EXP_NO_PV -DMLA_EXP_NO_LOAD ${MLA_TRY_DEFINES:-}; do
+    for shape in "64 64" "128 128" "1 128" "32 128"; do
       set -- $shape
       r=$(MLA_KERNEL=wgmma MLA_EXTRA_DEFINES="$defs" timeout "$limit" gpu-bin/mla bench --backend cuda \
         --batch "$1" --heads "$2" --ctx 4096 --page 64 --kv-dtype bf16 --iters 10 --json 2>> "$out/ablate.err" | tail -n 1)

@@ -60,6 +60,19 @@ constexpr int STAT_BYTES = 3 * M * 4;  // alpha, then the final row sums and max
 constexpr int ALIGN = 1024;            // swizzle atoms must be 1024-byte aligned
 constexpr float LN2 = 0.69314718055994530942f;
 constexpr int COLS = L / 2;            // output columns per warpgroup
+// The two-owner ("seesaw") schedule: the warpgroups take turns computing a tile's scores,
+// so one's softmax overlaps the other's products. Reads caches in the model dtype only.
+#if defined(MLA_SEESAW) && MLA_KV == 0
+#define SEESAW 1
+#else
+#define SEESAW 0
+#endif
+#if SEESAW
+// Named barriers of the seesaw schedule (0 is __syncthreads).
+constexpr int BAR_READY = 1;  // + t % 2: tile t's P, alpha and max are in shared memory
+constexpr int BAR_FREE = 3;   // + t % 2: the other warpgroup is done with tile t's stage
+constexpr int BAR_WG = 5;     // + w: warpgroup w alone
+#endif
 
 static_assert(L == 512, "two warpgroups of m64n256 cover L = 512");
 static_assert(D % 64 == 0, "rows must be whole 64-column chunks");
@@ -174,6 +187,68 @@ __device__ __forceinline__ unsigned char* convert_tile(const Smem& sm, int s, fl
     return kt;
 }
 
+/// Where fragment pair pa[kk][i] of P lives in shared memory: key group j = 2 kk + i / 2 of
+/// row r0 (i even) or r0 + 8 (i odd), which share the swizzle (r % 8).
+__device__ __forceinline__ unsigned char* p_slot(const Smem& sm, int r0, int lane, int kk, int i) {
+    const int j = 2 * kk + i / 2;
+    return sm.p() + (r0 + (i % 2) * 8) * 128 + ((j ^ (r0 % 8)) * 16) + (lane % 4) * 4;
+}
+
+/// Step 2's softmax on this thread's 32 raw scores of a tile whose keys start at `first`:
+/// keys at or past `end` masked (only the last tile has such keys), the running max m
+/// (base 2, scaled; the scale is positive, so the max of raw scores times the scale is the
+/// max of the scaled ones) and the row sums l (of the unrounded P) updated, alpha =
+/// 2^(m_old - m), exactly 1 when the max did not move. P = 2^(s * scale - m) rounded to the
+/// model dtype goes to `pa` as wgmma A fragments: pa[kk] covers keys 16 kk .. + 15 (an
+/// m16n8k16 A fragment of the warp's 16 rows: rows r0 / r0 + 8 for i even / odd, keys
+/// 2 (lane % 4) + 0, 1 for i < 2, + 8, 9 else), the pairs P's shared-memory copy holds too.
+/// s[4j + e]: row r0 + 8 (e / 2), key 8j + 2 (lane % 4) + e % 2. With STORE, each pair also
+/// goes to P's shared-memory copy as it is made (fewer live registers than write_p after).
+template <bool STORE>
+__device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                             u32 (&pa)[BN / 16][4], int first, int end, float sc, int lane,
+                                             const Smem& sm, int r0) {
+    float mx[2] = {bits_to_float(0xff800000u), bits_to_float(0xff800000u)};
+    const bool masked = first + BN > end;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int pos = first + 8 * j + 2 * (lane % 4) + (e & 1);
+            if (masked && pos >= end) s[4 * j + e] = bits_to_float(0xff800000u);
+            mx[e / 2] = fmaxf(mx[e / 2], s[4 * j + e]);
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m[h], quad_max(mx[h]) * sc);  // finite: a tile has a key
+        alpha[h] = m_new == m[h] ? 1.0f : exp2_approx(m[h] - m_new);
+        m[h] = m_new;
+        l[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int h = i % 2;
+            const float p0 = exp2_approx(fmaf(s[8 * kk + 2 * i], sc, -m[h]));
+            const float p1 = exp2_approx(fmaf(s[8 * kk + 2 * i + 1], sc, -m[h]));
+            l[h] += p0 + p1;
+            pa[kk][i] = pack2<BF16>(p0, p1);
+            if (STORE) *(u32*)(p_slot(sm, r0, lane, kk, i)) = pa[kk][i];
+        }
+    }
+}
+
+/// P into shared memory, swizzled (see p_slot).
+__device__ __forceinline__ void write_p(const Smem& sm, const u32 (&pa)[BN / 16][4], int r0, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) *(u32*)(p_slot(sm, r0, lane, kk, i)) = pa[kk][i];
+    }
+}
+
 /// A row whose keys are all outside this (single) split: o = 0, lse = -inf.
 __device__ void write_empty(const DecodeParams& p, int row, int head0) {
     for (int c = threadIdx.x; c < M * (L / 2); c += THREADS) {
@@ -206,7 +281,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
     }
     const int req = row / p.query_len;
     const int tiles = (keys.end - keys.start + BN - 1) / BN;
-    const float k_scale = p.k_scale_ptr != nullptr ? *p.k_scale_ptr : p.k_scale;
+    [[maybe_unused]] const float k_scale = CONVERT ? (p.k_scale_ptr != nullptr ? *p.k_scale_ptr : p.k_scale) : 1.0f;
 
     // Offsets of tiles 0 and 1 now; tile t + 2's block ids are read during tile t.
     if (tid < BN) {
@@ -217,18 +292,131 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
     }
     load_q(p, sm, row, head0);
     __syncthreads();
+#if SEESAW
+    // Warpgroup w loads tile w; both wait for their own copies, then everyone for q.
+    if (wg == 0 || tiles > 1) load_tile<4>(p, sm, sm.offsets(wg), wg, 4 * wg);
+#else
     load_tile<THREADS / 32>(p, sm, sm.offsets(0), 0, 0);
+#endif
     cp_async_commit();
 
     float o[COLS / 2];  // this thread's share of the warpgroup's 64 x 256 outputs
 #pragma unroll
     for (int i = 0; i < COLS / 2; ++i) o[i] = 0.0f;
     float m[2] = {bits_to_float(0xff800000u), bits_to_float(0xff800000u)};  // rows r0, r0 + 8
-    float l[2] = {0.0f, 0.0f};  // warpgroup 0: this thread's share of the row sums
+    float l[2] = {0.0f, 0.0f};  // this thread's share of the row sums of its warpgroup's P
 
     const u32 q_addr = smem_addr(sm.q());
     const u32 p_addr = smem_addr(sm.p());
 
+#if SEESAW
+    cp_async_wait_group<0>();
+    fence_proxy_async();
+    __syncthreads();
+    const int wt = tid - wg * (THREADS / 2);  // thread index in the warpgroup
+    float s[BN / 2];
+    u32 pa[BN / 16][4];
+    // (a) S_t on this warpgroup's tile (stage wg): its copies landed and are visible to it.
+    auto scores = [&]() {
+        cp_async_wait_group<0>();
+        fence_proxy_async();
+        named_bar_sync(BAR_WG + wg, THREADS / 2);
+        const u64 qd = opaque(smem_desc(q_addr, 16, 1024));
+        const u64 kd = opaque(smem_desc(smem_addr(sm.stage(wg)), 16, 1024));
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+            const u32 at = (ks / 4) * (M * 128) + (ks % 4) * 32;
+            wgmma_m64n64k16_ss<BF16>(s, desc_at(qd, at), desc_at(kd, at), ks > 0);
+        }
+        wgmma_commit();
+    };
+    // (b) the other warpgroup's tile u: its rescale, running max and P (shared memory)
+    //     against this warpgroup's half of V (stage 1 - wg).
+    auto other_pv = [&](int u) {
+        named_bar_sync(BAR_READY + u % 2, THREADS);
+        const float a0 = sm.alpha()[r0], a1 = sm.alpha()[r0 + 8];
+        m[0] = sm.maxima()[r0];
+        m[1] = sm.maxima()[r0 + 8];
+        l[0] *= a0;
+        l[1] *= a1;
+        if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) {
+#pragma unroll
+            for (int i = 0; i < COLS / 2; ++i) o[i] *= (i % 4) < 2 ? a0 : a1;
+        }
+        const u64 pd = opaque(smem_desc(p_addr, 16, 1024));
+        const u64 vd = opaque(smem_desc(smem_addr(sm.stage(1 - wg)) + (COLS / 64) * wg * (BN * 128), BN * 128, 1024));
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            wgmma_m64n256k16_ss<BF16>(o, desc_at(pd, kk * 32), desc_at(vd, kk * 2 * 1024), 1);
+        }
+        wgmma_commit();
+    };
+    // (c) - (e) for this warpgroup's tile t, once S_t is done and every earlier product too:
+    //     publish P, alpha and the max; O = O * alpha + P V with P from registers (pa); then
+    //     tile t + 2 into this stage once the other warpgroup is done with tile t.
+    auto own_rest = [&](int t, float (&alpha)[2]) {
+        write_p(sm, pa, r0, lane);
+        if (lane % 4 == 0) {
+            sm.alpha()[r0] = alpha[0];
+            sm.alpha()[r0 + 8] = alpha[1];
+            sm.maxima()[r0] = m[0];
+            sm.maxima()[r0 + 8] = m[1];
+        }
+        fence_proxy_async();
+        named_bar_arrive(BAR_READY + t % 2, THREADS);
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+            for (int i = 0; i < COLS / 2; ++i) o[i] *= (i % 4) < 2 ? alpha[0] : alpha[1];
+        }
+        const u64 vd = opaque(smem_desc(smem_addr(sm.stage(wg)) + (COLS / 64) * wg * (BN * 128), BN * 128, 1024));
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            wgmma_m64n256k16_rs<BF16>(o, pa[kk], desc_at(vd, kk * 2 * 1024), 1);
+        }
+        wgmma_commit();
+        const int ahead = keys.start + (t + 2) * BN + wt;
+        const i64 next_block = wt < BN ? block_of(p, req, ahead, keys.end) : NO_KEY;
+        wgmma_wait<0>();  // the fragments and the outputs are ours again
+        if (wt < BN) sm.offsets(wg)[wt] = key_offset(p, ahead, next_block);
+        if (t + 2 < tiles) {
+            named_bar_sync(BAR_FREE + t % 2, THREADS);
+            named_bar_sync(BAR_WG + wg, THREADS / 2);  // the offsets, for the whole warpgroup
+            load_tile<4>(p, sm, sm.offsets(wg), wg, 4 * wg);
+        }
+        cp_async_commit();
+    };
+
+    int t = wg;
+    if (wg == 0) {
+        // Tile 0 has no predecessor.
+        float alpha[2];
+        scores();
+        wgmma_wait<0>();
+        softmax_tile<false>(s, m, l, alpha, pa, keys.start, keys.end, p.scale_log2, lane, sm, r0);
+        own_rest(0, alpha);
+        t = 2;
+    }
+    // Steady state: this warpgroup's scores of tile t run while it adds the other's tile
+    // t - 1, and its softmax while that product finishes.
+    for (; t < tiles; t += 2) {
+        float alpha[2];
+        scores();
+        other_pv(t - 1);
+        wgmma_wait<1>();  // S_t done; P V of tile t - 1 may run on
+        softmax_tile<false>(s, m, l, alpha, pa, keys.start + t * BN, keys.end, p.scale_log2, lane, sm, r0);
+        wgmma_wait<0>();  // P V of tile t - 1 done: the P buffer and the outputs are free
+        if (t + 1 < tiles) named_bar_arrive(BAR_FREE + (t - 1) % 2, THREADS);
+        own_rest(t, alpha);
+    }
+    if (t - 1 < tiles) {
+        // The other warpgroup's last tile.
+        other_pv(t - 1);
+        wgmma_wait<0>();
+    }
+#else
     for (int t = 0; t < tiles; ++t) {
         const int first = keys.start + t * BN;
         const int st = t % STAGES;
@@ -265,54 +453,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
             float s[BN / 2];
 #pragma unroll
             for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
+            const u64 qd = opaque(smem_desc(q_addr, 16, 1024)), kd = smem_desc(k_addr, 16, 1024);
             wgmma_fence();
 #ifndef MLA_EXP_NO_S
 #pragma unroll
             for (int ks = 0; ks < D / 16; ++ks) {
                 const u32 at = (ks / 4) * (M * 128) + (ks % 4) * 32;
-                wgmma_m64n64k16_ss<BF16>(s, smem_desc(q_addr + at, 16, 1024), smem_desc(k_addr + at, 16, 1024),
-                                         ks > 0);
+                wgmma_m64n64k16_ss<BF16>(s, desc_at(qd, at), desc_at(kd, at), ks > 0);
             }
 #endif
             wgmma_commit();
             wgmma_wait<0>();
 
-            // Raw scores, masked past the split (only the last tile has such keys); s[4j + e]:
-            // row r0 + 8 (e / 2), key 8j + 2 (lane % 4) + e % 2. The scale is positive, so
-            // the row max of raw scores times the scale is the max of the base-2 scores.
-            float mx[2] = {bits_to_float(0xff800000u), bits_to_float(0xff800000u)};
-            const bool masked = first + BN > keys.end;
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int pos = first + 8 * j + 2 * (lane % 4) + (e & 1);
-                    if (masked && pos >= keys.end) s[4 * j + e] = bits_to_float(0xff800000u);
-                    mx[e / 2] = fmaxf(mx[e / 2], s[4 * j + e]);
-                }
-            }
-            // alpha is exactly 1 when the max did not move, so the rescale below can be skipped.
             float alpha[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float m_new = fmaxf(m[h], quad_max(mx[h]) * p.scale_log2);  // finite: a tile has a key
-                alpha[h] = m_new == m[h] ? 1.0f : exp2_approx(m[h] - m_new);
-                m[h] = m_new;
-                l[h] *= alpha[h];
-            }
-            const float sc = p.scale_log2;
-            unsigned char* prow = sm.p() + r0 * 128 + (lane % 4) * 4;
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-                const float p0 = exp2_approx(fmaf(s[4 * j], sc, -m[0])), p1 = exp2_approx(fmaf(s[4 * j + 1], sc, -m[0]));
-                const float p2 = exp2_approx(fmaf(s[4 * j + 2], sc, -m[1])), p3 = exp2_approx(fmaf(s[4 * j + 3], sc, -m[1]));
-                l[0] += p0 + p1;
-                l[1] += p2 + p3;
-                // Rows r0 and r0 + 8 share the swizzle (r % 8).
-                const int piece = (j ^ (r0 % 8)) * 16;
-                *(u32*)(prow + piece) = pack2<BF16>(p0, p1);
-                *(u32*)(prow + 8 * 128 + piece) = pack2<BF16>(p2, p3);
-            }
+            u32 pa[BN / 16][4];
+            softmax_tile<true>(s, m, l, alpha, pa, first, keys.end, p.scale_log2, lane, sm, r0);
             if (lane % 4 == 0) {
                 sm.alpha()[r0] = alpha[0];
                 sm.alpha()[r0 + 8] = alpha[1];
@@ -328,12 +483,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
 #pragma unroll
             for (int i = 0; i < COLS / 2; ++i) o[i] *= (i % 4) < 2 ? a0 : a1;
         }
+        const u64 pd = opaque(smem_desc(p_addr, 16, 1024));
+        const u64 vd = smem_desc(k_addr + (COLS / 64) * wg * (BN * 128), BN * 128, 1024);
         wgmma_fence();
 #ifndef MLA_EXP_NO_PV
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            const u64 da = smem_desc(p_addr + kk * 32, 16, 1024);
-            const u64 db = smem_desc(k_addr + (COLS / 64) * wg * (BN * 128) + kk * 2 * 1024, BN * 128, 1024);
+            const u64 da = desc_at(pd, kk * 32);
+            const u64 db = desc_at(vd, kk * 2 * 1024);
             wgmma_m64n256k16_ss<BF16>(o, da, db, 1);
         }
 #endif
@@ -343,13 +500,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
         if (lt >= 0 && lt < BN) sm.offsets(st)[lt] = key_offset(p, ahead, next_block);
     }
 
-    // 4. Row sums (warpgroup 0 holds them) to every thread, then O / l and the LSE.
-    if (wg == 0) {
-        l[0] = quad_sum(l[0]);
-        l[1] = quad_sum(l[1]);
-        if (lane % 4 == 0) {
-            sm.sums()[r0] = l[0];
-            sm.sums()[r0 + 8] = l[1];
+#endif
+
+    // 4. Row sums of both warpgroups and the final max to every thread, then O / l and the
+    //    LSE. Both warpgroups know the last max (its owner set it, the other read it).
+    l[0] = quad_sum(l[0]);
+    l[1] = quad_sum(l[1]);
+    __syncthreads();  // every read of alpha and maxima is done
+    if (lane % 4 == 0) {
+        float* sums = wg == 0 ? sm.sums() : sm.alpha();
+        sums[r0] = l[0];
+        sums[r0 + 8] = l[1];
+        if (wg == 0) {
             sm.maxima()[r0] = m[0];
             sm.maxima()[r0 + 8] = m[1];
         }
@@ -358,7 +520,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
     float inv[2], lse[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const float sum = sm.sums()[r0 + 8 * h];
+        const float sum = sm.sums()[r0 + 8 * h] + sm.alpha()[r0 + 8 * h];
         inv[h] = 1.0f / sum;
         lse[h] = (sm.maxima()[r0 + 8 * h] + log2_approx(sum)) * LN2;
     }
