@@ -11,10 +11,13 @@
  * Block: two warpgroups (256 threads). Shared memory holds q (64 x D), a ring of two key
  * tiles (64 x D each) and P (64 x 64), all in wgmma's 128-byte swizzled layout
  * (common/wgmma.cuh). Per tile t:
- *   1. wait for tile t's keys (cp.async), then issue tile t + 1's into the other stage;
- *   2. warpgroup 0: S = Q K^T (64 x 64, 36 wgmma of k = 16), scaled to base 2 and masked;
- *      row max, P = 2^(S - m) rounded to the model dtype into shared memory, the rescale
- *      factor of each row beside it; row sums of the unrounded P stay in its registers;
+ *   1. wait for tile t's keys (cp.async); warpgroup 1 issues tile t + 1's into the other
+ *      stage and reads the block ids of tile t + 2 (warpgroup 0 goes straight to step 2);
+ *   2. warpgroup 0: S = Q K^T (64 x 64, 36 wgmma of k = 16), masked; row max, P =
+ *      2^(S * scale - m) (base 2, the scale folded into one FMA) rounded to the model dtype
+ *      into shared memory, the rescale factor of each row beside it (exactly 1 when the max
+ *      did not move, and then the rescale is skipped); row sums of the unrounded P stay in
+ *      its registers;
  *   3. both warpgroups: O = O * alpha + P V for their half of the L output columns
  *      (warpgroup w owns columns 256 w .. 256 w + 255: 64 x 256 f32, 128 registers a thread);
  *      V is the first L columns of the same key tile, read MN-major.
@@ -22,6 +25,9 @@
  * Caches not in the model dtype are converted after step 1, as decode_mma does (bit-exact
  * with the CPU backend): the other 16-bit type in place, fp8 from a raw row-major stage
  * (half the bytes) into a swizzled tile of its own; one more barrier a tile.
+ *
+ * Kernel-development switches (MLA_EXTRA_DEFINES, never in a shipped build): MLA_EXP_NO_S,
+ * MLA_EXP_NO_PV, MLA_EXP_NO_LOAD drop a stage to time the rest (results are wrong).
  *
  * Compile-time configuration (-D):
  *   MLA_L, MLA_R   latent and rotary widths (L = 512: two warpgroups of 256 columns;
@@ -60,19 +66,6 @@ constexpr int STAT_BYTES = 3 * M * 4;  // alpha, then the final row sums and max
 constexpr int ALIGN = 1024;            // swizzle atoms must be 1024-byte aligned
 constexpr float LN2 = 0.69314718055994530942f;
 constexpr int COLS = L / 2;            // output columns per warpgroup
-// The two-owner ("seesaw") schedule: the warpgroups take turns computing a tile's scores,
-// so one's softmax overlaps the other's products. Reads caches in the model dtype only.
-#if defined(MLA_SEESAW) && MLA_KV == 0
-#define SEESAW 1
-#else
-#define SEESAW 0
-#endif
-#if SEESAW
-// Named barriers of the seesaw schedule (0 is __syncthreads).
-constexpr int BAR_READY = 1;  // + t % 2: tile t's P, alpha and max are in shared memory
-constexpr int BAR_FREE = 3;   // + t % 2: the other warpgroup is done with tile t's stage
-constexpr int BAR_WG = 5;     // + w: warpgroup w alone
-#endif
 
 static_assert(L == 512, "two warpgroups of m64n256 cover L = 512");
 static_assert(D % 64 == 0, "rows must be whole 64-column chunks");
@@ -187,8 +180,9 @@ __device__ __forceinline__ unsigned char* convert_tile(const Smem& sm, int s, fl
     return kt;
 }
 
-/// Where fragment pair pa[kk][i] of P lives in shared memory: key group j = 2 kk + i / 2 of
-/// row r0 (i even) or r0 + 8 (i odd), which share the swizzle (r % 8).
+/// Where P's pair (kk, i) of this thread lives in shared memory (swizzled): key group
+/// j = 2 kk + i / 2 of row r0 (i even) or r0 + 8 (i odd), which share the swizzle (r % 8).
+/// The pairs are those of an m16n8k16 A fragment, as wgmma reads P.
 __device__ __forceinline__ unsigned char* p_slot(const Smem& sm, int r0, int lane, int kk, int i) {
     const int j = 2 * kk + i / 2;
     return sm.p() + (r0 + (i % 2) * 8) * 128 + ((j ^ (r0 % 8)) * 16) + (lane % 4) * 4;
@@ -199,15 +193,10 @@ __device__ __forceinline__ unsigned char* p_slot(const Smem& sm, int r0, int lan
 /// (base 2, scaled; the scale is positive, so the max of raw scores times the scale is the
 /// max of the scaled ones) and the row sums l (of the unrounded P) updated, alpha =
 /// 2^(m_old - m), exactly 1 when the max did not move. P = 2^(s * scale - m) rounded to the
-/// model dtype goes to `pa` as wgmma A fragments: pa[kk] covers keys 16 kk .. + 15 (an
-/// m16n8k16 A fragment of the warp's 16 rows: rows r0 / r0 + 8 for i even / odd, keys
-/// 2 (lane % 4) + 0, 1 for i < 2, + 8, 9 else), the pairs P's shared-memory copy holds too.
-/// s[4j + e]: row r0 + 8 (e / 2), key 8j + 2 (lane % 4) + e % 2. With STORE, each pair also
-/// goes to P's shared-memory copy as it is made (fewer live registers than write_p after).
-template <bool STORE>
+/// model dtype goes to shared memory pair by pair as it is made.
+/// s[4j + e]: row r0 + 8 (e / 2), key 8j + 2 (lane % 4) + e % 2.
 __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                             u32 (&pa)[BN / 16][4], int first, int end, float sc, int lane,
-                                             const Smem& sm, int r0) {
+                                             int first, int end, float sc, int lane, const Smem& sm, int r0) {
     float mx[2] = {bits_to_float(0xff800000u), bits_to_float(0xff800000u)};
     const bool masked = first + BN > end;
 #pragma unroll
@@ -234,18 +223,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], float (&m)[2], 
             const float p0 = exp2_approx(fmaf(s[8 * kk + 2 * i], sc, -m[h]));
             const float p1 = exp2_approx(fmaf(s[8 * kk + 2 * i + 1], sc, -m[h]));
             l[h] += p0 + p1;
-            pa[kk][i] = pack2<BF16>(p0, p1);
-            if (STORE) *(u32*)(p_slot(sm, r0, lane, kk, i)) = pa[kk][i];
+            *(u32*)p_slot(sm, r0, lane, kk, i) = pack2<BF16>(p0, p1);
         }
-    }
-}
-
-/// P into shared memory, swizzled (see p_slot).
-__device__ __forceinline__ void write_p(const Smem& sm, const u32 (&pa)[BN / 16][4], int r0, int lane) {
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) *(u32*)(p_slot(sm, r0, lane, kk, i)) = pa[kk][i];
     }
 }
 
@@ -292,131 +271,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
     }
     load_q(p, sm, row, head0);
     __syncthreads();
-#if SEESAW
-    // Warpgroup w loads tile w; both wait for their own copies, then everyone for q.
-    if (wg == 0 || tiles > 1) load_tile<4>(p, sm, sm.offsets(wg), wg, 4 * wg);
-#else
     load_tile<THREADS / 32>(p, sm, sm.offsets(0), 0, 0);
-#endif
     cp_async_commit();
 
     float o[COLS / 2];  // this thread's share of the warpgroup's 64 x 256 outputs
 #pragma unroll
     for (int i = 0; i < COLS / 2; ++i) o[i] = 0.0f;
     float m[2] = {bits_to_float(0xff800000u), bits_to_float(0xff800000u)};  // rows r0, r0 + 8
-    float l[2] = {0.0f, 0.0f};  // this thread's share of the row sums of its warpgroup's P
+    float l[2] = {0.0f, 0.0f};  // warpgroup 0: this thread's share of the row sums
 
     const u32 q_addr = smem_addr(sm.q());
     const u32 p_addr = smem_addr(sm.p());
 
-#if SEESAW
-    cp_async_wait_group<0>();
-    fence_proxy_async();
-    __syncthreads();
-    const int wt = tid - wg * (THREADS / 2);  // thread index in the warpgroup
-    float s[BN / 2];
-    u32 pa[BN / 16][4];
-    // (a) S_t on this warpgroup's tile (stage wg): its copies landed and are visible to it.
-    auto scores = [&]() {
-        cp_async_wait_group<0>();
-        fence_proxy_async();
-        named_bar_sync(BAR_WG + wg, THREADS / 2);
-        const u64 qd = opaque(smem_desc(q_addr, 16, 1024));
-        const u64 kd = opaque(smem_desc(smem_addr(sm.stage(wg)), 16, 1024));
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-            const u32 at = (ks / 4) * (M * 128) + (ks % 4) * 32;
-            wgmma_m64n64k16_ss<BF16>(s, desc_at(qd, at), desc_at(kd, at), ks > 0);
-        }
-        wgmma_commit();
-    };
-    // (b) the other warpgroup's tile u: its rescale, running max and P (shared memory)
-    //     against this warpgroup's half of V (stage 1 - wg).
-    auto other_pv = [&](int u) {
-        named_bar_sync(BAR_READY + u % 2, THREADS);
-        const float a0 = sm.alpha()[r0], a1 = sm.alpha()[r0 + 8];
-        m[0] = sm.maxima()[r0];
-        m[1] = sm.maxima()[r0 + 8];
-        l[0] *= a0;
-        l[1] *= a1;
-        if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) {
-#pragma unroll
-            for (int i = 0; i < COLS / 2; ++i) o[i] *= (i % 4) < 2 ? a0 : a1;
-        }
-        const u64 pd = opaque(smem_desc(p_addr, 16, 1024));
-        const u64 vd = opaque(smem_desc(smem_addr(sm.stage(1 - wg)) + (COLS / 64) * wg * (BN * 128), BN * 128, 1024));
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            wgmma_m64n256k16_ss<BF16>(o, desc_at(pd, kk * 32), desc_at(vd, kk * 2 * 1024), 1);
-        }
-        wgmma_commit();
-    };
-    // (c) - (e) for this warpgroup's tile t, once S_t is done and every earlier product too:
-    //     publish P, alpha and the max; O = O * alpha + P V with P from registers (pa); then
-    //     tile t + 2 into this stage once the other warpgroup is done with tile t.
-    auto own_rest = [&](int t, float (&alpha)[2]) {
-        write_p(sm, pa, r0, lane);
-        if (lane % 4 == 0) {
-            sm.alpha()[r0] = alpha[0];
-            sm.alpha()[r0 + 8] = alpha[1];
-            sm.maxima()[r0] = m[0];
-            sm.maxima()[r0 + 8] = m[1];
-        }
-        fence_proxy_async();
-        named_bar_arrive(BAR_READY + t % 2, THREADS);
-        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-            for (int i = 0; i < COLS / 2; ++i) o[i] *= (i % 4) < 2 ? alpha[0] : alpha[1];
-        }
-        const u64 vd = opaque(smem_desc(smem_addr(sm.stage(wg)) + (COLS / 64) * wg * (BN * 128), BN * 128, 1024));
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            wgmma_m64n256k16_rs<BF16>(o, pa[kk], desc_at(vd, kk * 2 * 1024), 1);
-        }
-        wgmma_commit();
-        const int ahead = keys.start + (t + 2) * BN + wt;
-        const i64 next_block = wt < BN ? block_of(p, req, ahead, keys.end) : NO_KEY;
-        wgmma_wait<0>();  // the fragments and the outputs are ours again
-        if (wt < BN) sm.offsets(wg)[wt] = key_offset(p, ahead, next_block);
-        if (t + 2 < tiles) {
-            named_bar_sync(BAR_FREE + t % 2, THREADS);
-            named_bar_sync(BAR_WG + wg, THREADS / 2);  // the offsets, for the whole warpgroup
-            load_tile<4>(p, sm, sm.offsets(wg), wg, 4 * wg);
-        }
-        cp_async_commit();
-    };
-
-    int t = wg;
-    if (wg == 0) {
-        // Tile 0 has no predecessor.
-        float alpha[2];
-        scores();
-        wgmma_wait<0>();
-        softmax_tile<false>(s, m, l, alpha, pa, keys.start, keys.end, p.scale_log2, lane, sm, r0);
-        own_rest(0, alpha);
-        t = 2;
-    }
-    // Steady state: this warpgroup's scores of tile t run while it adds the other's tile
-    // t - 1, and its softmax while that product finishes.
-    for (; t < tiles; t += 2) {
-        float alpha[2];
-        scores();
-        other_pv(t - 1);
-        wgmma_wait<1>();  // S_t done; P V of tile t - 1 may run on
-        softmax_tile<false>(s, m, l, alpha, pa, keys.start + t * BN, keys.end, p.scale_log2, lane, sm, r0);
-        wgmma_wait<0>();  // P V of tile t - 1 done: the P buffer and the outputs are free
-        if (t + 1 < tiles) named_bar_arrive(BAR_FREE + (t - 1) % 2, THREADS);
-        own_rest(t, alpha);
-    }
-    if (t - 1 < tiles) {
-        // The other warpgroup's last tile.
-        other_pv(t - 1);
-        wgmma_wait<0>();
-    }
-#else
     for (int t = 0; t < tiles; ++t) {
         const int first = keys.start + t * BN;
         const int st = t % STAGES;
@@ -466,8 +332,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
             wgmma_wait<0>();
 
             float alpha[2];
-            u32 pa[BN / 16][4];
-            softmax_tile<true>(s, m, l, alpha, pa, first, keys.end, p.scale_log2, lane, sm, r0);
+            softmax_tile(s, m, l, alpha, first, keys.end, p.scale_log2, lane, sm, r0);
             if (lane % 4 == 0) {
                 sm.alpha()[r0] = alpha[0];
                 sm.alpha()[r0 + 8] = alpha[1];
@@ -500,18 +365,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
         if (lt >= 0 && lt < BN) sm.offsets(st)[lt] = key_offset(p, ahead, next_block);
     }
 
-#endif
-
-    // 4. Row sums of both warpgroups and the final max to every thread, then O / l and the
-    //    LSE. Both warpgroups know the last max (its owner set it, the other read it).
-    l[0] = quad_sum(l[0]);
-    l[1] = quad_sum(l[1]);
-    __syncthreads();  // every read of alpha and maxima is done
-    if (lane % 4 == 0) {
-        float* sums = wg == 0 ? sm.sums() : sm.alpha();
-        sums[r0] = l[0];
-        sums[r0 + 8] = l[1];
-        if (wg == 0) {
+    // 4. Row sums and the final max (warpgroup 0 holds them) to every thread, then O / l
+    //    and the LSE.
+    if (wg == 0) {
+        l[0] = quad_sum(l[0]);
+        l[1] = quad_sum(l[1]);
+        if (lane % 4 == 0) {
+            sm.sums()[r0] = l[0];
+            sm.sums()[r0 + 8] = l[1];
             sm.maxima()[r0] = m[0];
             sm.maxima()[r0 + 8] = m[1];
         }
@@ -520,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
     float inv[2], lse[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const float sum = sm.sums()[r0 + 8 * h] + sm.alpha()[r0 + 8 * h];
+        const float sum = sm.sums()[r0 + 8 * h];
         inv[h] = 1.0f / sum;
         lse[h] = (sm.maxima()[r0 + 8 * h] + log2_approx(sum)) * LN2;
     }
