@@ -42,13 +42,17 @@ note "precompile: $(tail -n 1 "$out/precompile.txt")"
 run_test() {
   local t=$1 kernel=$2 defs=${3:-} log="$out/test-$1${2:+-$2}${3:+-try}.log" start rc
   start=$(date +%s)
-  MLA_KERNEL=$kernel MLA_EXTRA_DEFINES=$defs timeout "$limit" gpu-bin/tests/$t --nocapture > "$log" 2>&1
+  # A trial gets a short limit: it may hang.
+  MLA_KERNEL=$kernel MLA_EXTRA_DEFINES=$defs timeout "${defs:+${MLA_TRY_LIMIT:-40}}${defs:-$limit}" \
+    gpu-bin/tests/$t --nocapture > "$log" 2>&1
   rc=$?
   note "tests $t${kernel:+ (MLA_KERNEL=$kernel)}${defs:+ ($defs)}: rc=$rc ($(( $(date +%s) - start ))s): $(grep -E '^test result' "$log" | tail -n 1)"
   if [ $rc -ne 0 ]; then
     grep -E -B2 -A12 "panicked|^---- " "$log" | cut -c1-400 | head -n 60
+    [ -n "$defs" ] && try_failed=1
   fi
 }
+try_failed=0
 if has tests; then
   for t in cuda_contract cuda_runtime cuda_sanitize; do run_test $t ""; done
   for k in wgmma mma; do
@@ -69,7 +73,9 @@ fi
 # Each sanitizer twice: kernels as shipped, then the wgmma kernel at every head count.
 for tool in memcheck racecheck; do
   if has "$tool"; then
-    for k in "" wgmma ${MLA_TRY_DEFINES:+try}; do
+    trial=""
+    [ -n "${MLA_TRY_DEFINES:-}" ] && [ "$try_failed" = 0 ] && trial=try
+    for k in "" wgmma $trial; do
       defs=""; kernel=$k
       if [ "$k" = try ]; then defs=$MLA_TRY_DEFINES; kernel=wgmma; fi
       log="$out/sanitizer-$tool${k:+-$k}.log"
@@ -119,7 +125,11 @@ fi
 
 if has ablate; then
   # The wgmma kernel with one part switched off at a time, on two problems.
-  for defs in "" -DMLA_EXP_NO_S -DMLA_EXP_NO_PV -DMLA_EXP_NO_LOAD ${MLA_TRY_DEFINES:-}; do
+  # MLA_ABLATE_DEFINES (comma-separated) replaces the switches; a trial whose tests failed
+  # is left out (it may hang).
+  IFS=, read -r -a sets <<< "${MLA_ABLATE_DEFINES-,-DMLA_EXP_NO_S,-DMLA_EXP_NO_PV,-DMLA_EXP_NO_LOAD}"
+  [ -n "${MLA_TRY_DEFINES:-}" ] && [ "$try_failed" = 0 ] && sets+=("$MLA_TRY_DEFINES")
+  for defs in "${sets[@]}"; do
     for shape in "64 64" "128 128" "1 128" "32 128"; do
       set -- $shape
       r=$(MLA_KERNEL=wgmma MLA_EXTRA_DEFINES="$defs" timeout "$limit" gpu-bin/mla bench --backend cuda \
