@@ -100,25 +100,25 @@ if has bench; then
 fi
 
 if has compare; then
-  # batch heads ctx kv-dtype: the two stage-1 kernels on the same problems.
-  while read -r b h c kv; do
+  # batch heads ctx kv-dtype [more bench arguments]: the two stage-1 kernels on the same problems.
+  while read -r b h c kv extra; do
     for k in mma wgmma; do
       r=$(MLA_KERNEL=$k timeout "$limit" gpu-bin/mla bench --backend cuda --batch "$b" --heads "$h" \
-        --ctx "$c" --page 64 --kv-dtype "$kv" --iters 10 --json 2>> "$out/compare.err" | tail -n 1)
+        --ctx "$c" --page 64 --kv-dtype "$kv" $extra --iters 10 --json 2>> "$out/compare.err" | tail -n 1)
       echo "$k $b $h $c $kv $r" >> "$out/compare.txt"
     done
   done <<'CASES'
 128 128 4096 bf16
 32 128 8192 bf16
 1 128 8192 bf16
-4 128 1024 bf16
 64 64 4096 bf16
 128 16 4096 bf16
-1 16 8192 bf16
 128 128 4096 fp8
 1 128 8192 fp8
 64 32 4096 bf16
 64 32 4096 fp8
+64 128 4096 bf16 --query-len 2
+64 16 8192 bf16 --query-len 4 --causal false
 CASES
   python3 scripts/gpu/compare_table.py "$out/compare.txt"
 fi
