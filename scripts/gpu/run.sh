@@ -102,7 +102,7 @@ fi
 if has compare; then
   # batch heads ctx kv-dtype [more bench arguments]: the two stage-1 kernels on the same problems.
   while read -r b h c kv extra; do
-    for k in mma wgmma; do
+    for k in ${MLA_COMPARE_KERNELS:-mma wgmma}; do
       r=$(MLA_KERNEL=$k timeout "$limit" gpu-bin/mla bench --backend cuda --batch "$b" --heads "$h" \
         --ctx "$c" --page 64 --kv-dtype "$kv" $extra --iters 10 --json 2>> "$out/compare.err" | tail -n 1)
       echo "$k $b $h $c $kv $r" >> "$out/compare.txt"
