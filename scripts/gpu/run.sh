@@ -3,7 +3,7 @@
 # (scripts/gpu/build.sh) and optionally .anchors/ carried. Writes every log into $OUT (the
 # folder that comes back), or ./results when $OUT is unset. The last lines printed are a
 # summary.
-#   scripts/gpu/run.sh [all|tests|memcheck|racecheck|pytest|bench|compare|ablate|profile|dcp|anchors] ...
+#   scripts/gpu/run.sh [all|tests|try|memcheck|racecheck|pytest|bench|compare|ablate|profile|dcp|anchors] ...
 # `ablate` times the wgmma kernel with parts switched off (MLA_EXTRA_DEFINES, see
 # kernels/decode_wgmma/NOTES.md); `dcp` runs the two-GPU DCP test and `mla bench --dcp 2`
 # (needs two GPUs).
@@ -43,7 +43,9 @@ run_test() {
   local t=$1 kernel=$2 defs=${3:-} log="$out/test-$1${2:+-$2}${3:+-try}.log" start rc
   start=$(date +%s)
   # A trial gets a short limit: it may hang.
-  MLA_KERNEL=$kernel MLA_EXTRA_DEFINES=$defs timeout "${defs:+${MLA_TRY_LIMIT:-40}}${defs:-$limit}" \
+  local lim=$limit
+  [ -n "$defs" ] && lim=${MLA_TRY_LIMIT:-40}
+  MLA_KERNEL=$kernel MLA_EXTRA_DEFINES=$defs timeout "$lim" \
     gpu-bin/tests/$t --nocapture > "$log" 2>&1
   rc=$?
   note "tests $t${kernel:+ (MLA_KERNEL=$kernel)}${defs:+ ($defs)}: rc=$rc ($(( $(date +%s) - start ))s): $(grep -E '^test result' "$log" | tail -n 1)"
@@ -58,16 +60,24 @@ if has tests; then
   for k in wgmma mma; do
     for t in cuda_contract cuda_runtime; do run_test $t $k; done
   done
-  # A kernel variant under trial (MLA_TRY_DEFINES, e.g. -DMLA_SEESAW), on the wgmma kernel.
-  if [ -n "${MLA_TRY_DEFINES:-}" ]; then
-    for t in cuda_contract cuda_runtime cuda_sanitize; do run_test $t wgmma "$MLA_TRY_DEFINES"; done
-  fi
+
   # The Hopper kernel must be built of warpgroup MMAs (HGMMA in the SASS).
   for f in $(find "$MLA_CACHE_DIR" -type f); do
     n=$(cuobjdump -sass "$f" 2>/dev/null | grep -c HGMMA)
     [ "${n:-0}" -gt 0 ] && echo "$(basename "$f"): $n HGMMA" >> "$out/sass.txt"
   done
   note "sass: $(wc -l < "$out/sass.txt" 2>/dev/null || echo 0) cubins with HGMMA"
+fi
+
+# A kernel variant under trial (MLA_TRY_DEFINES, e.g. -DMLA_CHUNKED), on the wgmma kernel:
+# its tests, then (if they pass) racecheck and its timing against the shipped kernel.
+if [[ " $steps " == *" try "* ]] && [ -n "${MLA_TRY_DEFINES:-}" ]; then
+  for t in cuda_contract cuda_runtime cuda_sanitize; do run_test $t wgmma "$MLA_TRY_DEFINES"; done
+  if [ "$try_failed" = 0 ]; then
+    MLA_KERNEL=wgmma MLA_EXTRA_DEFINES=$MLA_TRY_DEFINES timeout "${MLA_TRY_LIMIT:-40}" compute-sanitizer \
+      --tool racecheck --error-exitcode 9 gpu-bin/tests/cuda_sanitize --test-threads=1 > "$out/try-racecheck.log" 2>&1
+    note "try racecheck: rc=$?: $(grep -E 'RACECHECK SUMMARY|test result' "$out/try-racecheck.log" | tr '\n' ' ')"
+  fi
 fi
 
 # Each sanitizer twice: kernels as shipped, then the wgmma kernel at every head count.
