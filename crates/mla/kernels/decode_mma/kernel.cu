@@ -31,6 +31,7 @@
  *   MLA_STAGES     tiles in the shared-memory ring (2 or more): STAGES - 1 tiles in flight
  */
 #include "common/fp8.cuh"
+#include "common/keys.cuh"
 #include "common/ptx.cuh"
 #include "common/rows.cuh"
 #include "params.cuh"
@@ -112,29 +113,6 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, in
     }
 }
 
-/// Step 2a: the block id of key `pos` of request `req`; NO_KEY when the key is past `end` or
-/// its page lies outside the block table. Issued a tile ahead of its use, so the load's
-/// latency hides behind a tile of work.
-constexpr i64 NO_KEY = -(1ll << 40);  // not an i32: any table entry stays distinguishable
-__device__ __forceinline__ i64 block_of(const DecodeParams& p, int req, int pos, int end) {
-    if (pos >= end) return NO_KEY;
-    const int page = pos / p.page_size;
-    if (page >= p.max_blocks) return NO_KEY;  // past the table: the row-level check raised the flag
-    return p.block_table[req * p.block_table_stride + page];
-}
-
-/// Step 2b: the byte offset of key `pos` in the cache, or -1 (never read) when there is no
-/// such key or its block id is outside the cache, which raises the error flag.
-__device__ __forceinline__ i64 key_offset(const DecodeParams& p, int pos, i64 block) {
-    if (block == NO_KEY) return -1;
-    if (block < 0 || block >= p.num_blocks) {
-        raise_error(p, MLA_ERR_BAD_BLOCK);
-        return -1;
-    }
-    const int slot = pos - (pos / p.page_size) * p.page_size;
-    return (block * p.page_stride + (i64)slot * p.token_stride) * KV_ELEM;
-}
-
 /// Step 2c: a tile of keys into stage `s`, from the offsets computed a tile earlier. Warp w
 /// takes keys w, w + WARPS, ...; lane l the key's 16-byte chunks l, l + 32, ... Every trip
 /// count is a compile-time constant, so each copy costs one instruction and a predicate.
@@ -188,17 +166,6 @@ __device__ __forceinline__ const u16* convert_tile(const Smem& sm, int s, float 
     return kt;
 }
 
-/// Step 7 for a row whose keys are all outside this (single) split: o = 0, lse = -inf.
-__device__ void write_empty(const DecodeParams& p, int row, int head0) {
-    for (int c = threadIdx.x; c < ROWS * (L / 2); c += THREADS) {
-        const int r = c / (L / 2), col = 2 * (c % (L / 2));
-        const int head = head0 + r;
-        if (head >= p.heads) continue;
-        *(u32*)((u16*)p.o + row * p.o_row + head * p.o_head + col) = 0u;
-        if (col == 0) p.lse[row * p.lse_row + head] = bits_to_float(0xff800000u);
-    }
-}
-
 }  // namespace
 
 // One row group: two CTAs per SM (the host picks a ring that leaves room for both). More row
@@ -216,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decod
 
     const KeyRange keys = split_keys(row_keys(p, row, threadIdx.x == 0 && blockIdx.y == 0), blockIdx.y, splits);
     if (keys.start >= keys.end) {
-        if (splits == 1) write_empty(p, row, head0);
+        if (splits == 1) write_empty<ROWS, THREADS, L>(p, row, head0);
         return;  // an empty split writes nothing; stage 2 skips it
     }
     const int req = row / p.query_len;
@@ -229,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decod
     if (tid < BN) {
         for (int t = 0; t < STAGES; ++t) {
             const int pos = keys.start + t * BN + tid;
-            sm.offsets(t)[tid] = key_offset(p, pos, block_of(p, req, pos, keys.end));
+            sm.offsets(t)[tid] = key_offset<KV_ELEM>(p, pos, block_of(p, req, pos, keys.end));
         }
     }
     load_q(p, sm, row, head0);
@@ -365,7 +332,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decod
         }
         // Tile t + STAGES's offsets go where tile t's were (issued STAGES - 1 iterations ago);
         // the next iteration's barrier publishes them.
-        if (tid < BN) sm.offsets(st)[tid] = key_offset(p, ahead, next_block);
+        if (tid < BN) sm.offsets(st)[tid] = key_offset<KV_ELEM>(p, ahead, next_block);
     }
 
     // 7. row sums across the quad and the row group's warps, then O / l and the LSE.

@@ -36,6 +36,7 @@
  *   MLA_KV         0: cache in the model dtype; 1: the other 16-bit type; 2: fp8 e4m3; 3: fp8 e5m2
  */
 #include "common/fp8.cuh"
+#include "common/keys.cuh"
 #include "common/ptx.cuh"
 #include "common/rows.cuh"
 #include "common/wgmma.cuh"
@@ -66,22 +67,8 @@ constexpr int STAT_BYTES = 3 * M * 4;  // alpha, then the final row sums and max
 constexpr int ALIGN = 1024;            // swizzle atoms must be 1024-byte aligned
 constexpr float LN2 = 0.69314718055994530942f;
 constexpr int COLS = L / 2;            // output columns per warpgroup
-// Trial (MLA_CHUNKED, caches in the model dtype): tiles land in GROUPS column groups, each
-// its own cp.async group, and the scores start on a group as soon as it is in.
-#if defined(MLA_CHUNKED) && MLA_KV == 0
-#define CHUNKED 1
-#else
-#define CHUNKED 0
-#endif
-#if CHUNKED
-constexpr int GROUPS = 3;
-constexpr int GROUP_PIECES = PIECES / GROUPS;  // 16-byte pieces of a key in one group
-#endif
 
 static_assert(L == 512, "two warpgroups of m64n256 cover L = 512");
-#if CHUNKED
-static_assert(PIECES % (8 * GROUPS) == 0, "column groups of whole 64-column chunks");
-#endif
 static_assert(D % 64 == 0, "rows must be whole 64-column chunks");
 static_assert(KV >= 0 && KV <= 3, "cache format code");
 
@@ -122,27 +109,6 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, in
     }
 }
 
-/// The block id of key `pos` of request `req`; NO_KEY past `end` or past the block table.
-constexpr i64 NO_KEY = -(1ll << 40);
-__device__ __forceinline__ i64 block_of(const DecodeParams& p, int req, int pos, int end) {
-    if (pos >= end) return NO_KEY;
-    const int page = pos / p.page_size;
-    if (page >= p.max_blocks) return NO_KEY;
-    return p.block_table[req * p.block_table_stride + page];
-}
-
-/// The byte offset of key `pos`, or -1 (never read; zero-filled) without a key or for a block
-/// id outside the cache, which raises the error flag.
-__device__ __forceinline__ i64 key_offset(const DecodeParams& p, int pos, i64 block) {
-    if (block == NO_KEY) return -1;
-    if (block < 0 || block >= p.num_blocks) {
-        raise_error(p, MLA_ERR_BAD_BLOCK);
-        return -1;
-    }
-    const int slot = pos - (pos / p.page_size) * p.page_size;
-    return (block * p.page_stride + (i64)slot * p.token_stride) * KV_ELEM;
-}
-
 /// A tile of keys into stage `s`: swizzled for 16-bit caches, row-major raw bytes for fp8.
 /// Called by WARPS warps from `first_warp` on: warp w takes keys w, w + WARPS, ...; lane l
 /// the key's pieces l, l + 32, ... (compile-time trip counts).
@@ -168,41 +134,6 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm,
         }
     }
 }
-
-#if CHUNKED
-/// cp_async_wait_group with a count known only after unrolling (0 to 7).
-__device__ __forceinline__ void cp_async_wait_pending(int n) {
-    switch (n) {
-        case 0: cp_async_wait_group<0>(); break;
-        case 1: cp_async_wait_group<1>(); break;
-        case 2: cp_async_wait_group<2>(); break;
-        case 3: cp_async_wait_group<3>(); break;
-        case 4: cp_async_wait_group<4>(); break;
-        case 5: cp_async_wait_group<5>(); break;
-        case 6: cp_async_wait_group<6>(); break;
-        default: cp_async_wait_group<7>(); break;
-    }
-}
-
-/// Column group g of a tile (pieces GROUP_PIECES g .. of every key) into stage `s`, swizzled,
-/// by warpgroup 1 (thread i of it takes pieces i, i + 128, ... of the group).
-__device__ __forceinline__ void load_group(const DecodeParams& p, const Smem& sm, const i64* offsets, int s, int g) {
-    constexpr int PER = BN * GROUP_PIECES;
-    static_assert(PER % (THREADS / 2) == 0, "every thread copies the same number of pieces");
-    const int i = threadIdx.x - THREADS / 2;
-    const u32 stage = smem_addr(sm.stage(s));
-#pragma unroll
-    for (int k = 0; k < PER / (THREADS / 2); ++k) {
-        const int c = i + k * (THREADS / 2);
-        const int j = c / GROUP_PIECES, piece = g * GROUP_PIECES + c % GROUP_PIECES;
-        const i64 off = offsets[j];
-        const bool valid = off >= 0;
-        const unsigned char* src = (const unsigned char*)p.kv + (valid ? off + piece * 16 : 0);
-        cp_async16(stage + swizzled<BN>(j, piece), src, valid);
-    }
-}
-
-#endif
 
 /// A staged tile not in the model dtype into one that is (decoded, times k_scale, rounded):
 /// fp8 from the raw stage into the swizzled tile of its own, the other 16-bit type in place.
@@ -300,17 +231,6 @@ __device__ __forceinline__ void pv_step(float (&o)[COLS / 2], const Smem& sm, in
     wgmma_wait<0>();
 }
 
-/// A row whose keys are all outside this (single) split: o = 0, lse = -inf.
-__device__ void write_empty(const DecodeParams& p, int row, int head0) {
-    for (int c = threadIdx.x; c < M * (L / 2); c += THREADS) {
-        const int r = c / (L / 2), col = 2 * (c % (L / 2));
-        const int head = head0 + r;
-        if (head >= p.heads) continue;
-        *(u32*)((u16*)p.o + row * p.o_row + head * p.o_head + col) = 0u;
-        if (col == 0) p.lse[row * p.lse_row + head] = bits_to_float(0xff800000u);
-    }
-}
-
 }  // namespace
 
 // One CTA per SM: the accumulators take 128 registers a thread and the tiles 226 KB.
@@ -327,7 +247,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
 
     const KeyRange keys = split_keys(row_keys(p, row, tid == 0 && blockIdx.y == 0), blockIdx.y, splits);
     if (keys.start >= keys.end) {
-        if (splits == 1) write_empty(p, row, head0);
+        if (splits == 1) write_empty<M, THREADS, L>(p, row, head0);
         return;
     }
     const int req = row / p.query_len;
@@ -338,23 +258,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
     if (tid < BN) {
         for (int t = 0; t < STAGES; ++t) {
             const int pos = keys.start + t * BN + tid;
-            sm.offsets(t)[tid] = key_offset(p, pos, block_of(p, req, pos, keys.end));
+            sm.offsets(t)[tid] = key_offset<KV_ELEM>(p, pos, block_of(p, req, pos, keys.end));
         }
     }
     load_q(p, sm, row, head0);
     __syncthreads();
-#if CHUNKED
-    cp_async_commit();  // q
-    if (wg == 1) {
-        for (int g = 0; g < GROUPS; ++g) {
-            load_group(p, sm, sm.offsets(0), 0, g);
-            cp_async_commit();
-        }
-    }
-#else
     load_tile<THREADS / 32>(p, sm, sm.offsets(0), 0, 0);
     cp_async_commit();
-#endif
 
     float o[COLS / 2];  // this thread's share of the warpgroup's 64 x 256 outputs
 #pragma unroll
@@ -365,60 +275,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
     const u32 q_addr = smem_addr(sm.q());
     const u32 p_addr = smem_addr(sm.p());
 
-#if CHUNKED
-    for (int t = 0; t < tiles; ++t) {
-        const int first = keys.start + t * BN;
-        const int st = t % STAGES;
-        __syncthreads();  // everyone is done with tile t - 1 and P: its stage is free
-        // Warpgroup 1 issues tile t + 1 (GROUPS groups, empty ones past the last tile, so
-        // that the counts below hold) and reads the block ids of tile t + 2.
-        if (wg == 1) {
-            for (int g = 0; g < GROUPS; ++g) {
-                if (t + 1 < tiles) load_group(p, sm, sm.offsets((t + 1) % STAGES), (t + 1) % STAGES, g);
-                cp_async_commit();
-            }
-        }
-        const u32 k_addr = smem_addr(sm.stage(st));
-
-        // 2. S = Q K^T, group by group as tile t's groups land (warpgroup 1's copies: tile
-        //    t's group g is done when at most GROUPS - 1 - g of its groups and tile t + 1's
-        //    GROUPS are pending; warpgroup 0 has only q's group, once).
-        float s[BN / 2];
-#pragma unroll
-        for (int g = 0; g < GROUPS; ++g) {
-            cp_async_wait_pending(wg == 1 ? 2 * GROUPS - 1 - g : 0);
-            fence_proxy_async();
-            __syncthreads();
-            if (wg == 0) {
-                const u64 qd = opaque(smem_desc(q_addr, 16, 1024)), kd = opaque(smem_desc(k_addr, 16, 1024));
-                wgmma_fence();
-#pragma unroll
-                for (int ks = g * (D / 16 / GROUPS); ks < (g + 1) * (D / 16 / GROUPS); ++ks) {
-                    const u32 at = (ks / 4) * (M * 128) + (ks % 4) * 32;
-                    wgmma_m64n64k16_ss<BF16>(s, desc_at(qd, at), desc_at(kd, at), ks > 0);
-                }
-            }
-        }
-        if (wg == 0) {
-            wgmma_commit();
-            wgmma_wait<0>();
-            float alpha[2];
-            softmax_tile(s, m, l, alpha, first, keys.end, p.scale_log2, lane, sm, r0);
-            if (lane % 4 == 0) {
-                sm.alpha()[r0] = alpha[0];
-                sm.alpha()[r0 + 8] = alpha[1];
-            }
-            fence_proxy_async();  // P is read by wgmma next
-        }
-        // Warpgroup 1 reads tile t + 2's block ids while the softmax runs.
-        const int lt = tid - THREADS / 2;
-        const int ahead = first + STAGES * BN + lt;
-        const i64 next_block = lt >= 0 && lt < BN ? block_of(p, req, ahead, keys.end) : NO_KEY;
-        __syncthreads();  // P and alpha of tile t are in shared memory
-        pv_step(o, sm, r0, p_addr, k_addr, wg);
-        if (lt >= 0 && lt < BN) sm.offsets(st)[lt] = key_offset(p, ahead, next_block);
-    }
-#else
     for (int t = 0; t < tiles; ++t) {
         const int first = keys.start + t * BN;
         const int st = t % STAGES;
@@ -479,10 +335,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
 
         pv_step(o, sm, r0, p_addr, k_addr, wg);
         // Tile t + 2's offsets go where tile t's were; the next iteration's barrier publishes them.
-        if (lt >= 0 && lt < BN) sm.offsets(st)[lt] = key_offset(p, ahead, next_block);
+        if (lt >= 0 && lt < BN) sm.offsets(st)[lt] = key_offset<KV_ELEM>(p, ahead, next_block);
     }
 
-#endif
 
     // 4. Row sums and the final max (warpgroup 0 holds them) to every thread, then O / l
     //    and the LSE.

@@ -10,7 +10,7 @@ use std::fmt;
 use crate::dtype::{KvFormat, ModelDtype};
 
 /// Every kernel source, by the name the `#include` lines use.
-pub const HEADERS: [(&str, &str); 5] = [
+pub const HEADERS: [(&str, &str); 6] = [
     ("params.cuh", include_str!("../../../kernels/params.cuh")),
     (
         "common/ptx.cuh",
@@ -27,6 +27,10 @@ pub const HEADERS: [(&str, &str); 5] = [
     (
         "common/wgmma.cuh",
         include_str!("../../../kernels/common/wgmma.cuh"),
+    ),
+    (
+        "common/keys.cuh",
+        include_str!("../../../kernels/common/keys.cuh"),
     ),
 ];
 

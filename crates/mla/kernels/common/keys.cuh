@@ -1,0 +1,52 @@
+/**
+ * @file keys.cuh
+ * @brief Where a key lives and what a row with no keys writes, shared by the stage-1 kernels:
+ * the block-table lookup with the contract's bounds checks (docs/contract.md, "Errors": a
+ * block id outside the cache or a length beyond the block table is never read and raises the
+ * device flag), and the empty-row output.
+ */
+#pragma once
+#include "common/ptx.cuh"
+#include "common/rows.cuh"
+#include "params.cuh"
+
+/// No key: past the split's end or past the block table. Not an i32, so that every table
+/// entry stays distinguishable from it.
+constexpr i64 NO_KEY = -(1ll << 40);
+
+/// The block id of key `pos` of request `req`; NO_KEY when the key is past `end` or its page
+/// lies outside the block table (the row-level check raised the flag). The kernels issue
+/// this a tile or two ahead of its use, so the load's latency hides behind work.
+__device__ __forceinline__ i64 block_of(const DecodeParams& p, int req, int pos, int end) {
+    if (pos >= end) return NO_KEY;
+    const int page = pos / p.page_size;
+    if (page >= p.max_blocks) return NO_KEY;
+    return p.block_table[req * p.block_table_stride + page];
+}
+
+/// The byte offset of key `pos` in the cache (ELEM bytes an element), or -1 (never read; the
+/// kernels zero-fill it) when there is no such key or its block id is outside the cache,
+/// which raises the error flag.
+template <int ELEM>
+__device__ __forceinline__ i64 key_offset(const DecodeParams& p, int pos, i64 block) {
+    if (block == NO_KEY) return -1;
+    if (block < 0 || block >= p.num_blocks) {
+        raise_error(p, MLA_ERR_BAD_BLOCK);
+        return -1;
+    }
+    const int slot = pos - (pos / p.page_size) * p.page_size;
+    return (block * p.page_stride + (i64)slot * p.token_stride) * ELEM;
+}
+
+/// A row whose keys all fall outside its (single) split: o = 0 and lse = -inf for heads
+/// head0 .. head0 + ROWS of `row`, by a CTA of THREADS threads.
+template <int ROWS, int THREADS, int L>
+__device__ void write_empty(const DecodeParams& p, int row, int head0) {
+    for (int c = threadIdx.x; c < ROWS * (L / 2); c += THREADS) {
+        const int r = c / (L / 2), col = 2 * (c % (L / 2));
+        const int head = head0 + r;
+        if (head >= p.heads) continue;
+        *(u32*)((u16*)p.o + row * p.o_row + head * p.o_head + col) = 0u;
+        if (col == 0) p.lse[row * p.lse_row + head] = bits_to_float(0xff800000u);
+    }
+}
