@@ -59,48 +59,44 @@ pub fn run(args: &PrecompileArgs) -> mla::Result<()> {
         "{:<8} {:<20} {:<54} {:>5} {:>6} {:>8} {:>9}",
         "arch", "kernel", "defines", "regs", "spills", "source", "ms"
     );
+    let rows = builds
+        .iter()
+        .map(|(arch, b)| {
+            let name = b.variant.family.entry().to_string();
+            (
+                arch,
+                name,
+                b.variant.defines().join(" "),
+                b.usage,
+                b.from_disk,
+                b.millis,
+            )
+        })
+        .chain(dcp.iter().map(|(arch, b)| {
+            let bf16 = u8::from(b.model_dtype == mla::ModelDtype::Bf16);
+            let defines = format!("MODEL_BF16={bf16}");
+            (
+                arch,
+                "dcp (5 entries)".to_string(),
+                defines,
+                b.usage,
+                b.from_disk,
+                b.millis,
+            )
+        }));
     let mut spilled = 0;
-    for (arch, b) in &builds {
-        let (regs, spills) = match b.usage {
+    for (arch, name, defines, usage, from_disk, millis) in rows {
+        let (regs, spills) = match usage {
             Some(u) => (
                 u.registers.to_string(),
                 (u.spill_stores + u.spill_loads).to_string(),
             ),
             None => ("-".into(), "-".into()),
         };
-        spilled += b.usage.is_some_and(|u| u.spills()) as usize;
+        spilled += usage.is_some_and(|u| u.spills()) as usize;
+        let source = if from_disk { "cache" } else { "nvrtc" };
         println!(
-            "{:<8} {:<20} {:<54} {:>5} {:>6} {:>8} {:>9.1}",
-            arch,
-            b.variant.family.entry(),
-            b.variant.defines().join(" "),
-            regs,
-            spills,
-            if b.from_disk { "cache" } else { "nvrtc" },
-            b.millis
-        );
-    }
-    for (arch, b) in &dcp {
-        let (regs, spills) = match b.usage {
-            Some(u) => (
-                u.registers.to_string(),
-                (u.spill_stores + u.spill_loads).to_string(),
-            ),
-            None => ("-".into(), "-".into()),
-        };
-        spilled += b.usage.is_some_and(|u| u.spills()) as usize;
-        println!(
-            "{:<8} {:<20} {:<54} {:>5} {:>6} {:>8} {:>9.1}",
-            arch,
-            "dcp (5 entries)",
-            format!(
-                "MODEL_BF16={}",
-                u8::from(b.model_dtype == mla::ModelDtype::Bf16)
-            ),
-            regs,
-            spills,
-            if b.from_disk { "cache" } else { "nvrtc" },
-            b.millis
+            "{arch:<8} {name:<20} {defines:<54} {regs:>5} {spills:>6} {source:>8} {millis:>9.1}"
         );
     }
     println!(

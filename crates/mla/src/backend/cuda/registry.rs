@@ -426,45 +426,33 @@ mod tests {
     }
 
     #[test]
-    fn hopper_takes_wgmma_for_many_heads_and_model_dtype_caches() {
+    fn hopper_takes_wgmma_from_17_heads_for_every_cache() {
         let pick = |h, kv, wgmma, choice| {
             decode_variant(h, 512, 64, ModelDtype::Bf16, kv, 232_448, wgmma, choice)
                 .map(|v| v.family)
         };
-        let auto = KernelChoice::Auto;
-        assert_eq!(
-            pick(128, KvFormat::Bf16, true, auto),
-            Some(Family::DecodeWgmma)
-        );
-        assert_eq!(
-            pick(64, KvFormat::Bf16, true, auto),
-            Some(Family::DecodeWgmma)
-        );
-        assert_eq!(
-            pick(16, KvFormat::Bf16, true, auto),
-            Some(Family::DecodeMma)
-        );
-        assert_eq!(
-            pick(16, KvFormat::Bf16, true, KernelChoice::Wgmma),
-            Some(Family::DecodeWgmma)
-        );
-        assert_eq!(
-            pick(128, KvFormat::Bf16, true, KernelChoice::Mma),
-            Some(Family::DecodeMma)
-        );
-        // Every cache format; not before Hopper.
-        assert_eq!(
-            pick(128, KvFormat::Fp8E4m3, true, auto),
-            Some(Family::DecodeWgmma)
-        );
-        assert_eq!(
-            pick(128, KvFormat::F16, true, auto),
-            Some(Family::DecodeWgmma)
-        );
-        assert_eq!(
-            pick(128, KvFormat::Bf16, false, auto),
-            Some(Family::DecodeMma)
-        );
+        use KernelChoice::{Auto, Mma, Wgmma};
+        use KvFormat::{Bf16, F16, Fp8E4m3};
+        let (w, m) = (Some(Family::DecodeWgmma), Some(Family::DecodeMma));
+        // heads, cache, sm_90a, choice -> family: many heads and every cache format take
+        // wgmma on Hopper; 16 heads, MLA_KERNEL=mma and earlier GPUs take mma.
+        for (heads, kv, hopper, choice, want) in [
+            (128, Bf16, true, Auto, w),
+            (64, Bf16, true, Auto, w),
+            (32, Bf16, true, Auto, w),
+            (16, Bf16, true, Auto, m),
+            (16, Bf16, true, Wgmma, w),
+            (128, Bf16, true, Mma, m),
+            (128, Fp8E4m3, true, Auto, w),
+            (128, F16, true, Auto, w),
+            (128, Bf16, false, Auto, m),
+        ] {
+            assert_eq!(
+                pick(heads, kv, hopper, choice),
+                want,
+                "{heads} {kv:?} {hopper} {choice:?}"
+            );
+        }
         // Its layout: q, two key tiles and P of 64 rows, offsets and statistics, 1 KB slack.
         let v = wgmma_variant(512, 64, ModelDtype::F16, KvFormat::F16, 232_448).unwrap();
         assert_eq!(v.smem_bytes(), 1024 + 3 * 73_728 + 8_192 + 1_024 + 768);
