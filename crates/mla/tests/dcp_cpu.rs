@@ -3,47 +3,15 @@
 //! ([`mla::dcp::merge`], the GPU kernels' math) combines them, and every rank's H heads must
 //! match the f64 reference over the whole sequence, within the contract's tolerances.
 
+mod common;
+
+use common::dcp::{config, rank_reference};
+use common::{LSE_TOL, O_TOL};
 use mla::dcp::merge::{Partial, merge_for_rank};
 use mla::dcp::{DcpLayout, shard::shard_problem};
-use mla::reference::{self, Reference};
+use mla::reference;
 use mla::synth::{Outputs, Problem, ProblemSpec};
-use mla::{CacheDtype, Device, Error, KvFormat, Mask, MlaConfig, MlaDecode};
-
-const O_TOL: f64 = 5e-3;
-const LSE_TOL: f64 = 1e-3;
-
-/// A configuration of `heads` heads for `spec`'s dtypes.
-fn config(spec: &ProblemSpec, heads: usize) -> MlaConfig {
-    let mut c = MlaConfig::new(heads, 192f32.powf(-0.5));
-    c.model_dtype = spec.model_dtype;
-    c.kv_cache_dtype = match spec.kv_format {
-        KvFormat::Bf16 => CacheDtype::Bf16,
-        KvFormat::F16 => CacheDtype::F16,
-        KvFormat::Fp8E4m3 => CacheDtype::Fp8E4m3,
-        KvFormat::Fp8E5m2 => CacheDtype::Fp8E5m2,
-    };
-    c
-}
-
-/// The reference's rows for heads `rank * h .. (rank + 1) * h`.
-fn rank_reference(full: &Reference, rank: usize, h: usize) -> Reference {
-    let (l, hn) = (full.kv_lora_rank, full.heads);
-    let mut o = Vec::new();
-    let mut lse = Vec::new();
-    for row in 0..full.rows {
-        for head in rank * h..(rank + 1) * h {
-            lse.push(full.lse[row * hn + head]);
-            o.extend_from_slice(&full.o[(row * hn + head) * l..][..l]);
-        }
-    }
-    Reference {
-        rows: full.rows,
-        heads: h,
-        kv_lora_rank: l,
-        o,
-        lse,
-    }
-}
+use mla::{Device, Error, KvFormat, Mask, MlaConfig, MlaDecode};
 
 /// Runs `spec` (H N heads) over `world` simulated ranks and checks every rank's heads.
 fn check(spec: &ProblemSpec, world: usize, interleave: usize) {

@@ -5,47 +5,20 @@
 //! there is no NCCL, fewer than two GPUs, or no `nccl` feature.
 
 #[cfg(feature = "nccl")]
+mod common;
+
+#[cfg(feature = "nccl")]
 mod on_gpus {
+    use super::common::dcp::{config, rank_reference};
+    use super::common::{LSE_TOL, O_TOL};
     use mla::dcp::problem::RankProblem;
     use mla::dcp::{DcpDecode, DcpGroup, DcpId, DcpMerge, available};
-    use mla::reference::{self, Reference};
+    use mla::reference;
     use mla::synth::device::DeviceOutputs;
     use mla::synth::{Problem, ProblemSpec};
-    use mla::{CacheDtype, Device, KvFormat, MlaConfig, MlaDecode, ModelDtype};
+    use mla::{Device, KvFormat, MlaConfig, MlaDecode, ModelDtype};
 
-    const O_TOL: f64 = 5e-3;
-    const LSE_TOL: f64 = 1e-3;
     const WORLD: usize = 2;
-
-    fn config(spec: &ProblemSpec, heads: usize) -> MlaConfig {
-        let mut c = MlaConfig::new(heads, 192f32.powf(-0.5));
-        c.model_dtype = spec.model_dtype;
-        c.kv_cache_dtype = match spec.kv_format {
-            KvFormat::Bf16 => CacheDtype::Bf16,
-            KvFormat::F16 => CacheDtype::F16,
-            KvFormat::Fp8E4m3 => CacheDtype::Fp8E4m3,
-            KvFormat::Fp8E5m2 => CacheDtype::Fp8E5m2,
-        };
-        c
-    }
-
-    fn rank_reference(full: &Reference, rank: usize, h: usize) -> Reference {
-        let (l, hn) = (full.kv_lora_rank, full.heads);
-        let (mut o, mut lse) = (Vec::new(), Vec::new());
-        for row in 0..full.rows {
-            for head in rank * h..(rank + 1) * h {
-                lse.push(full.lse[row * hn + head]);
-                o.extend_from_slice(&full.o[(row * hn + head) * l..][..l]);
-            }
-        }
-        Reference {
-            rows: full.rows,
-            heads: h,
-            kv_lora_rank: l,
-            o,
-            lse,
-        }
-    }
 
     /// Whether two GPUs and NCCL are here; prints why not.
     fn ready() -> bool {

@@ -2,6 +2,7 @@
 //! against the f64 reference with the contract's tolerances.
 #![allow(dead_code)]
 
+pub mod dcp;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 
@@ -41,16 +42,21 @@ impl Case {
         c.kv_lora_rank = self.spec.kv_lora_rank;
         c.qk_rope_head_dim = self.spec.rope_dim;
         c.model_dtype = self.spec.model_dtype;
-        c.kv_cache_dtype = match self.spec.kv_format {
-            KvFormat::Bf16 => mla::CacheDtype::Bf16,
-            KvFormat::F16 => mla::CacheDtype::F16,
-            KvFormat::Fp8E4m3 => mla::CacheDtype::Fp8E4m3,
-            KvFormat::Fp8E5m2 => mla::CacheDtype::Fp8E5m2,
-        };
+        c.kv_cache_dtype = cache_dtype(self.spec.kv_format);
         c.sliding_window = self.window;
         c.batch_invariant = self.batch_invariant;
         c.split_units = self.split_units;
         c
+    }
+}
+
+/// vLLM's name for a cache format.
+pub fn cache_dtype(kv: KvFormat) -> mla::CacheDtype {
+    match kv {
+        KvFormat::Bf16 => mla::CacheDtype::Bf16,
+        KvFormat::F16 => mla::CacheDtype::F16,
+        KvFormat::Fp8E4m3 => mla::CacheDtype::Fp8E4m3,
+        KvFormat::Fp8E5m2 => mla::CacheDtype::Fp8E5m2,
     }
 }
 
