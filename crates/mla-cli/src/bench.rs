@@ -99,6 +99,8 @@ struct Measured {
     #[serde(flatten)]
     case: Case,
     backend: &'static str,
+    /// The stage-1 kernel (`cpu`, `mla_decode_split`, `mla_decode_wgmma`).
+    kernel: &'static str,
     device: String,
     num_kv_splits: usize,
     iters: usize,
@@ -231,6 +233,7 @@ fn measure(case: &Case, backend: BackendArg, iters: usize, seed: u64) -> mla::Re
     Ok(Measured {
         case: case.clone(),
         backend: dec.backend_name(),
+        kernel: dec.kernel_name(),
         device: dec.device().to_string(),
         num_kv_splits: timed.plan.num_kv_splits,
         iters,
@@ -385,8 +388,8 @@ fn traffic(p: &Problem, plan: &mla::DecodePlan) -> (f64, f64) {
 fn print_table(rows: &[Measured]) {
     if let Some(first) = rows.first() {
         println!(
-            "backend {} on {}, median of {} runs",
-            first.backend, first.device, first.iters
+            "backend {} ({}) on {}, median of {} runs",
+            first.backend, first.kernel, first.device, first.iters
         );
     }
     println!(

@@ -49,6 +49,7 @@ fn bench_json_reports_the_fields_the_anchors_script_reads() {
         );
     }
     assert_eq!(v["backend"], "cpu");
+    assert_eq!(v["kernel"], "cpu");
     assert!(v["err_o"].as_f64().unwrap() < 5e-3, "{last}");
     assert!(v["err_lse"].as_f64().unwrap() < 1e-3, "{last}");
     assert_eq!(v["query_len"], 2);

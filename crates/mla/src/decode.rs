@@ -85,6 +85,17 @@ impl MlaDecode {
         self.backend.name()
     }
 
+    /// What computes stage 1: `cpu`, or the CUDA kernel's entry point (`mla_decode_split`
+    /// for the mma.sync family, `mla_decode_wgmma` on Hopper), so that a measurement can say
+    /// which kernel it timed.
+    pub fn kernel_name(&self) -> &'static str {
+        #[cfg(feature = "cuda")]
+        if let Some(v) = self.cuda_backend().and_then(|c| c.decode_variant()) {
+            return v.family.entry();
+        }
+        self.backend.name()
+    }
+
     /// Where the decode's tensors must live.
     pub fn location(&self) -> Location {
         self.backend.location()

@@ -230,6 +230,12 @@ fn hopper_decodes_many_heads_with_wgmma() {
             "{heads} heads, {kv:?}: {families:?}"
         );
         assert_eq!(families.contains(&Family::DecodeMma), !expect_wgmma);
+        let launched = if expect_wgmma {
+            Family::DecodeWgmma
+        } else {
+            Family::DecodeMma
+        };
+        assert_eq!(dec.kernel_name(), launched.entry());
     }
 }
 

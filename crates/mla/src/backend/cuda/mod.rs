@@ -225,6 +225,11 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// The stage-1 kernel this backend's decoder launches (None before it is configured).
+    pub fn decode_variant(&self) -> Option<Variant> {
+        self.chosen.map(|k| k.decode)
+    }
+
     fn chosen(&self) -> Result<ConfigKernels> {
         self.chosen.ok_or_else(|| {
             Error::config(
