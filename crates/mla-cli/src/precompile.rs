@@ -43,8 +43,8 @@ pub fn run(args: &PrecompileArgs) -> mla::Result<()> {
                     reason: format!("expected a name like sm_90a, got {name:?}"),
                 })?;
             let target = Target::new(major, minor)?;
-            let wgmma = target.arch == "sm_90a";
-            for v in registry::all_variants(registry::smem_limit_of_arch(major, minor), wgmma) {
+            let smem_limit = registry::smem_limit_of_arch(major, minor);
+            for v in registry::all_variants(smem_limit, target.wgmma()) {
                 let b = compile::build(&v, &target, !args.deny_spills)?;
                 builds.push((target.arch.clone(), b));
             }

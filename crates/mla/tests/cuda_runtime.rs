@@ -218,7 +218,7 @@ fn hopper_decodes_many_heads_with_wgmma() {
             "{heads} heads, {kv:?}: {families:?} on {}",
             cuda.target().arch
         );
-        let hopper = cuda.target().arch == "sm_90a";
+        let hopper = cuda.target().wgmma();
         let expect_wgmma = match std::env::var("MLA_KERNEL").as_deref() {
             Ok("mma") => false,
             Ok("wgmma") => hopper,

@@ -32,6 +32,11 @@ impl Target {
         })
     }
 
+    /// Whether Hopper's arch-specific instructions (wgmma) are available: sm_90a.
+    pub fn wgmma(&self) -> bool {
+        self.arch == "sm_90a"
+    }
+
     /// Parses `sm_80`, `sm_89`, `sm_90a`, `90`, `8.9` into (major, minor).
     pub fn parse_arch(s: &str) -> Option<(u32, u32)> {
         let digits: String = s.chars().filter(|c| c.is_ascii_digit()).collect();
@@ -200,14 +205,8 @@ mod tests {
             arch: "sm_90a".into(),
             nvrtc: (13, 0),
         };
-        let decode = super::super::registry::wgmma_variant(
-            512,
-            64,
-            ModelDtype::Bf16,
-            KvFormat::Bf16,
-            232_448,
-        )
-        .unwrap();
+        let shape = super::super::registry::KernelShape::deepseek(ModelDtype::Bf16, KvFormat::Bf16);
+        let decode = super::super::registry::wgmma_variant(shape, 232_448).unwrap();
         let combine = super::super::registry::combine_variant(512, ModelDtype::Bf16);
         let with = options_with(&decode, &target, "-DMLA_EXP_NO_PV");
         assert!(with.contains(&"-DMLA_EXP_NO_PV".to_string()));

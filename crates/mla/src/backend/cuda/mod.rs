@@ -198,14 +198,17 @@ impl CudaBackend {
                 ),
             ));
         }
+        let shape = registry::KernelShape {
+            kv_lora_rank: l,
+            rope_dim: cfg.rope_dim,
+            model: cfg.model_dtype,
+            kv: cfg.kv_format,
+        };
         let decode = registry::decode_variant(
             cfg.q_heads,
-            l,
-            cfg.rope_dim,
-            cfg.model_dtype,
-            cfg.kv_format,
+            shape,
             self.smem_limit,
-            self.target.arch == "sm_90a",
+            self.target.wgmma(),
             registry::KernelChoice::from_env(),
         )
         .ok_or_else(|| {
@@ -259,7 +262,7 @@ impl CudaBackend {
     /// # Errors
     /// [`Error::Compile`], [`Error::Driver`].
     pub fn precompile_all(&mut self) -> Result<&[Built]> {
-        for v in registry::all_variants(self.smem_limit, self.target.arch == "sm_90a") {
+        for v in registry::all_variants(self.smem_limit, self.target.wgmma()) {
             self.kernel(v)?;
         }
         Ok(&self.builds)

@@ -218,25 +218,49 @@ impl KernelChoice {
     }
 }
 
+/// What a decoder's kernels are specialized on: the widths and the dtypes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelShape {
+    /// L.
+    pub kv_lora_rank: usize,
+    /// R.
+    pub rope_dim: usize,
+    /// The model dtype (q, o).
+    pub model: ModelDtype,
+    /// The cache format.
+    pub kv: KvFormat,
+}
+
+impl KernelShape {
+    /// DeepSeek's widths (L = 512, R = 64) with these dtypes.
+    pub fn deepseek(model: ModelDtype, kv: KvFormat) -> KernelShape {
+        KernelShape {
+            kv_lora_rank: 512,
+            rope_dim: 64,
+            model,
+            kv,
+        }
+    }
+
+    /// A stage-1 variant of this shape.
+    fn variant(&self, family: Family, row_warps: usize, stages: usize) -> Variant {
+        Variant {
+            family,
+            kv_lora_rank: self.kv_lora_rank,
+            rope_dim: self.rope_dim,
+            bf16: self.model == ModelDtype::Bf16,
+            kv: kv_code(self.model, self.kv),
+            row_warps,
+            stages,
+        }
+    }
+}
+
 /// The wgmma variant, where it can run: an sm_90a device, L = 512, whole 64-column chunks.
-pub fn wgmma_variant(
-    kv_lora_rank: usize,
-    rope_dim: usize,
-    model: ModelDtype,
-    kv: KvFormat,
-    smem_limit: usize,
-) -> Option<Variant> {
-    let v = Variant {
-        family: Family::DecodeWgmma,
-        kv_lora_rank,
-        rope_dim,
-        bf16: model == ModelDtype::Bf16,
-        kv: kv_code(model, kv),
-        row_warps: WGMMA_TILE / 16,
-        stages: 2,
-    };
-    let applies = kv_lora_rank == 512
-        && (kv_lora_rank + rope_dim).is_multiple_of(64)
+pub fn wgmma_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> {
+    let v = shape.variant(Family::DecodeWgmma, WGMMA_TILE / 16, 2);
+    let applies = shape.kv_lora_rank == 512
+        && (shape.kv_lora_rank + shape.rope_dim).is_multiple_of(64)
         && v.smem_bytes() <= smem_limit;
     applies.then_some(v)
 }
@@ -245,13 +269,9 @@ pub fn wgmma_variant(
 /// and `choice` and the head count call for it. Otherwise the mma kernel: the most row groups
 /// (up to 4, fewer for few heads) that fit the device's shared memory, then the ring of tiles
 /// (up to 4, 6 for fp8 whose tiles are half the bytes). None if not even the smallest fits.
-#[allow(clippy::too_many_arguments)]
 pub fn decode_variant(
     heads: usize,
-    kv_lora_rank: usize,
-    rope_dim: usize,
-    model: ModelDtype,
-    kv: KvFormat,
+    shape: KernelShape,
     smem_limit: usize,
     wgmma: bool,
     choice: KernelChoice,
@@ -263,36 +283,21 @@ pub fn decode_variant(
     };
     if wgmma
         && wants_wgmma
-        && let Some(v) = wgmma_variant(kv_lora_rank, rope_dim, model, kv, smem_limit)
+        && let Some(v) = wgmma_variant(shape, smem_limit)
     {
         return Some(v);
     }
-    mma_variant(heads, kv_lora_rank, rope_dim, model, kv, smem_limit)
+    mma_variant(heads, shape, smem_limit)
 }
 
-fn mma_variant(
-    heads: usize,
-    kv_lora_rank: usize,
-    rope_dim: usize,
-    model: ModelDtype,
-    kv: KvFormat,
-    smem_limit: usize,
-) -> Option<Variant> {
+fn mma_variant(heads: usize, shape: KernelShape, smem_limit: usize) -> Option<Variant> {
     let want = match heads {
         0..=16 => 1,
         17..=32 => 2,
         _ => 4,
     };
-    let max_stages = if kv.is_fp8() { 6 } else { 4 };
-    let variant = |row_warps, stages| Variant {
-        family: Family::DecodeMma,
-        kv_lora_rank,
-        rope_dim,
-        bf16: model == ModelDtype::Bf16,
-        kv: kv_code(model, kv),
-        row_warps,
-        stages,
-    };
+    let max_stages = if shape.kv.is_fp8() { 6 } else { 4 };
+    let variant = |row_warps, stages| shape.variant(Family::DecodeMma, row_warps, stages);
     // Two CTAs on an SM hide each other's latencies better than a deeper ring in one CTA
     // (measured on the H200: 252 us against 394 us at 128 x 4096 keys, 16 heads), so with one
     // row group (the only size whose registers allow two CTAs, see the kernel's launch
@@ -350,13 +355,13 @@ pub fn all_variants(smem_limit: usize, wgmma: bool) -> Vec<Variant> {
             KvFormat::Fp8E5m2,
         ] {
             for heads in [16, 32, 128] {
-                if let Some(v) = mma_variant(heads, 512, 64, model, kv, smem_limit)
+                if let Some(v) = mma_variant(heads, KernelShape::deepseek(model, kv), smem_limit)
                     && !out.contains(&v)
                 {
                     out.push(v);
                 }
             }
-            if wgmma && let Some(v) = wgmma_variant(512, 64, model, kv, smem_limit) {
+            if wgmma && let Some(v) = wgmma_variant(KernelShape::deepseek(model, kv), smem_limit) {
                 out.push(v);
             }
         }
@@ -369,18 +374,22 @@ pub fn all_variants(smem_limit: usize, wgmma: bool) -> Vec<Variant> {
 mod tests {
     use super::*;
 
+    fn bf16(kv: KvFormat) -> KernelShape {
+        KernelShape::deepseek(ModelDtype::Bf16, kv)
+    }
+
     #[test]
     fn shared_memory_matches_the_kernel_layout_by_hand() {
         // bf16 cache, 64 rows on an H200: q 64 x 584 x 2, four 32-key stages of 584 x 2,
         // P 64 x 40 x 2, the reduction 4 x 4 x 16 floats, four tiles of key offsets.
-        let v = mma_variant(128, 512, 64, ModelDtype::Bf16, KvFormat::Bf16, 232_448).unwrap();
+        let v = mma_variant(128, bf16(KvFormat::Bf16), 232_448).unwrap();
         assert_eq!((v.row_warps, v.stages), (4, 4));
         assert_eq!(
             v.smem_bytes(),
             74_752 + 4 * 37_376 + 5_120 + 1_024 + 4 * 256
         );
         // fp8: three raw stages of 576 bytes per key and the converted tile.
-        let v = mma_variant(16, 512, 64, ModelDtype::Bf16, KvFormat::Fp8E4m3, 232_448).unwrap();
+        let v = mma_variant(16, bf16(KvFormat::Fp8E4m3), 232_448).unwrap();
         assert_eq!(v.stages, 3);
         assert_eq!(
             v.smem_bytes(),
@@ -390,17 +399,13 @@ mod tests {
 
     #[test]
     fn row_groups_follow_heads_and_shared_memory() {
-        let pick = |h, limit| {
-            mma_variant(h, 512, 64, ModelDtype::Bf16, KvFormat::Bf16, limit).map(|v| v.row_warps)
-        };
+        let pick = |h, limit| mma_variant(h, bf16(KvFormat::Bf16), limit).map(|v| v.row_warps);
         assert_eq!(pick(8, 232_448), Some(1));
         assert_eq!(pick(32, 232_448), Some(2));
         assert_eq!(pick(128, 232_448), Some(4));
         assert_eq!(pick(128, 166_912), Some(4)); // A100
         assert_eq!(pick(128, 101_376), Some(1)); // sm_86/89: one row group fits
-        let stages = |h, kv: KvFormat, limit| {
-            mma_variant(h, 512, 64, ModelDtype::Bf16, kv, limit).map(|v| v.stages)
-        };
+        let stages = |h, kv: KvFormat, limit| mma_variant(h, bf16(kv), limit).map(|v| v.stages);
         assert_eq!(stages(16, KvFormat::Bf16, 232_448), Some(2)); // two CTAs per SM
         assert_eq!(stages(32, KvFormat::Bf16, 232_448), Some(4)); // one CTA: the deepest
         assert_eq!(stages(16, KvFormat::Fp8E4m3, 232_448), Some(3)); // two CTAs
@@ -428,8 +433,7 @@ mod tests {
     #[test]
     fn hopper_takes_wgmma_from_17_heads_for_every_cache() {
         let pick = |h, kv, wgmma, choice| {
-            decode_variant(h, 512, 64, ModelDtype::Bf16, kv, 232_448, wgmma, choice)
-                .map(|v| v.family)
+            decode_variant(h, bf16(kv), 232_448, wgmma, choice).map(|v| v.family)
         };
         use KernelChoice::{Auto, Mma, Wgmma};
         use KvFormat::{Bf16, F16, Fp8E4m3};
@@ -454,17 +458,26 @@ mod tests {
             );
         }
         // Its layout: q, two key tiles and P of 64 rows, offsets and statistics, 1 KB slack.
-        let v = wgmma_variant(512, 64, ModelDtype::F16, KvFormat::F16, 232_448).unwrap();
+        let v = wgmma_variant(
+            KernelShape::deepseek(ModelDtype::F16, KvFormat::F16),
+            232_448,
+        )
+        .unwrap();
         assert_eq!(v.smem_bytes(), 1024 + 3 * 73_728 + 8_192 + 1_024 + 768);
         // fp8: two raw stages of 576 bytes a key and the converted tile: the same total.
-        let v = wgmma_variant(512, 64, ModelDtype::Bf16, KvFormat::Fp8E4m3, 232_448).unwrap();
+        let v = wgmma_variant(bf16(KvFormat::Fp8E4m3), 232_448).unwrap();
         assert_eq!(
             v.smem_bytes(),
             1024 + 73_728 + 2 * 36_864 + 73_728 + 8_192 + 1_024 + 768
         );
         assert_eq!((v.threads(), v.row_warps * 16), (256, 64));
-        assert!(wgmma_variant(256, 64, ModelDtype::F16, KvFormat::F16, 232_448).is_none());
-        assert!(wgmma_variant(512, 64, ModelDtype::F16, KvFormat::F16, 166_912).is_none());
+        let f16 = KernelShape::deepseek(ModelDtype::F16, KvFormat::F16);
+        let narrow = KernelShape {
+            kv_lora_rank: 256,
+            ..f16
+        };
+        assert!(wgmma_variant(narrow, 232_448).is_none());
+        assert!(wgmma_variant(f16, 166_912).is_none());
     }
 
     #[test]
