@@ -23,9 +23,10 @@ pub fn run(args: &PrecompileArgs) -> mla::Result<()> {
     use mla::backend::cuda::registry;
 
     let mut builds: Vec<(String, Built)> = Vec::new();
-    // The DCP family (decode context parallelism) compiles for every arch; a device loads it
-    // when a DcpDecode is made.
+    // The DCP family (decode context parallelism) is built for every target too, so that a
+    // DcpDecode starts warm.
     let mut dcp: Vec<(String, mla::dcp::kernels::DcpBuilt)> = Vec::new();
+    let mut targets: Vec<Target> = Vec::new();
     if args.arch.is_empty() {
         let mut dec = mla::MlaDecode::new(&mla::MlaConfig::new(16, 0.1), mla::Device::Cuda(0))?;
         let Some(cuda) = dec.cuda_backend_mut() else {
@@ -35,6 +36,7 @@ pub fn run(args: &PrecompileArgs) -> mla::Result<()> {
         for b in cuda.precompile_all()? {
             builds.push((arch.clone(), b.clone()));
         }
+        targets.push(cuda.target().clone());
     } else {
         for name in &args.arch {
             let (major, minor) =
@@ -48,10 +50,13 @@ pub fn run(args: &PrecompileArgs) -> mla::Result<()> {
                 let b = compile::build(&v, &target, !args.deny_spills)?;
                 builds.push((target.arch.clone(), b));
             }
-            for dtype in [mla::ModelDtype::Bf16, mla::ModelDtype::F16] {
-                let b = mla::dcp::kernels::build(&target, dtype, !args.deny_spills)?;
-                dcp.push((target.arch.clone(), b));
-            }
+            targets.push(target);
+        }
+    }
+    for target in &targets {
+        for dtype in [mla::ModelDtype::Bf16, mla::ModelDtype::F16] {
+            let b = mla::dcp::kernels::build(target, dtype, !args.deny_spills)?;
+            dcp.push((target.arch.clone(), b));
         }
     }
 

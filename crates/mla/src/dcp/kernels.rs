@@ -2,14 +2,11 @@
 //! the decode kernels (same cache, keyed by source, options, arch and NVRTC version), one
 //! module per model dtype holding every entry.
 
-use std::time::Instant;
-
 use cudarc::driver::{CudaContext, CudaFunction};
-use cudarc::nvrtc::Ptx;
 use std::sync::Arc;
 
-use crate::backend::cuda::compile::{Target, Usage, usage};
-use crate::backend::cuda::{cache, ffi};
+use crate::backend::cuda::compile::{self, Target, Usage};
+use crate::backend::cuda::load_module;
 use crate::dtype::ModelDtype;
 use crate::error::{Error, Result};
 
@@ -36,21 +33,12 @@ pub struct DcpBuilt {
     pub model_dtype: ModelDtype,
     /// The cubin.
     pub cubin: Vec<u8>,
-    /// ptxas' report of the last entry compiled (registers, spills).
+    /// ptxas' report over all entries (the most registers, every spill).
     pub usage: Option<Usage>,
     /// Whether the disk cache had it.
     pub from_disk: bool,
     /// Milliseconds spent.
     pub millis: f64,
-}
-
-fn options(target: &Target, dtype: ModelDtype) -> Vec<String> {
-    vec![
-        format!("--gpu-architecture={}", target.arch),
-        "--std=c++17".into(),
-        "--ptxas-options=-v".into(),
-        format!("-DMODEL_BF16={}", u8::from(dtype == ModelDtype::Bf16)),
-    ]
 }
 
 /// The module for `dtype` on `target`: from the disk cache when `use_cache` and present,
@@ -59,30 +47,26 @@ fn options(target: &Target, dtype: ModelDtype) -> Vec<String> {
 /// # Errors
 /// [`Error::Compile`] with NVRTC's log.
 pub fn build(target: &Target, dtype: ModelDtype, use_cache: bool) -> Result<DcpBuilt> {
-    let start = Instant::now();
-    let opts = options(target, dtype);
-    let sources = [HEADERS[0].1, SOURCE];
-    let name = cache::file_name("dcp", &target.arch, &sources, &opts, target.nvrtc);
-    let dir = cache::dir();
-    if use_cache && let Some(cubin) = dir.as_deref().and_then(|d| cache::load(d, &name)) {
-        return Ok(DcpBuilt {
-            model_dtype: dtype,
-            cubin,
-            usage: None,
-            from_disk: true,
-            millis: start.elapsed().as_secs_f64() * 1e3,
-        });
-    }
-    let compiled = ffi::compile_cubin("dcp/kernel.cu", SOURCE, &HEADERS, &opts)?;
-    if let Some(d) = dir.as_deref() {
-        cache::store(d, &name, &compiled.cubin);
-    }
+    let mut opts = compile::base_options(target);
+    opts.push(format!(
+        "-DMODEL_BF16={}",
+        u8::from(dtype == ModelDtype::Bf16)
+    ));
+    let m = compile::build_module(
+        "dcp",
+        "dcp/kernel.cu",
+        SOURCE,
+        &HEADERS,
+        &opts,
+        target,
+        use_cache,
+    )?;
     Ok(DcpBuilt {
         model_dtype: dtype,
-        cubin: compiled.cubin,
-        usage: usage(&compiled.log),
-        from_disk: false,
-        millis: start.elapsed().as_secs_f64() * 1e3,
+        cubin: m.cubin,
+        usage: m.usage,
+        from_disk: m.from_disk,
+        millis: m.millis,
     })
 }
 
@@ -104,17 +88,14 @@ impl DcpKernels {
     /// # Errors
     /// [`Error::Compile`], [`Error::Driver`].
     pub(crate) fn load(ctx: &Arc<CudaContext>, target: &Target, dtype: ModelDtype) -> Result<Self> {
-        let mut built = build(target, dtype, true)?;
-        let module = match ctx.load_module(Ptx::from_binary(std::mem::take(&mut built.cubin))) {
-            Ok(m) => m,
-            // A damaged cache entry: compile afresh (which overwrites it).
-            Err(_) if built.from_disk => {
-                let fresh = build(target, dtype, false)?;
-                ctx.load_module(Ptx::from_binary(fresh.cubin))
-                    .map_err(Error::driver("load the dcp module"))?
-            }
-            Err(e) => return Err(Error::driver("load the dcp module")(e)),
-        };
+        let built = build(target, dtype, true)?;
+        let module = load_module(
+            ctx,
+            built.cubin,
+            built.from_disk,
+            "load the dcp module",
+            || Ok(build(target, dtype, false)?.cubin),
+        )?;
         let f = |name| {
             module
                 .load_function(name)

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use super::registry::{Family, HEADERS, Variant};
+use super::registry::{HEADERS, Variant};
 use super::{cache, ffi};
 use crate::error::Result;
 
@@ -70,7 +70,8 @@ impl Usage {
 }
 
 /// Parses "Used N registers" and "N bytes stack frame, N bytes spill stores, N bytes spill
-/// loads" from an NVRTC log.
+/// loads" from an NVRTC log. A module of several entries reports each: the result is the
+/// most registers and stack of any entry and the spills of all of them.
 pub fn usage(log: &str) -> Option<Usage> {
     let number_before = |line: &str, word: &str| -> Option<u32> {
         let at = line.find(word)?;
@@ -80,13 +81,13 @@ pub fn usage(log: &str) -> Option<Usage> {
     let mut seen = false;
     for line in log.lines() {
         if let Some(r) = number_before(line, "registers") {
-            u.registers = r;
+            u.registers = u.registers.max(r);
             seen = true;
         }
         if let Some(s) = number_before(line, "bytes stack frame") {
-            u.stack = s;
-            u.spill_stores = number_before(line, "bytes spill stores").unwrap_or(0);
-            u.spill_loads = number_before(line, "bytes spill loads").unwrap_or(0);
+            u.stack = u.stack.max(s);
+            u.spill_stores += number_before(line, "bytes spill stores").unwrap_or(0);
+            u.spill_loads += number_before(line, "bytes spill loads").unwrap_or(0);
         }
     }
     seen.then_some(u)
@@ -107,6 +108,69 @@ pub struct Built {
     pub millis: f64,
 }
 
+/// A compiled (or cached) module, before anyone names what it is.
+#[derive(Debug, Clone)]
+pub struct Module {
+    /// The cubin.
+    pub cubin: Vec<u8>,
+    /// ptxas' report (None when the cubin came from the disk cache).
+    pub usage: Option<Usage>,
+    /// Whether the disk cache had it.
+    pub from_disk: bool,
+    /// Time spent (compile or read), in milliseconds.
+    pub millis: f64,
+}
+
+/// The options every module is compiled with: the target, C++17, ptxas' resource report.
+pub fn base_options(target: &Target) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={}", target.arch),
+        "--std=c++17".into(),
+        "--ptxas-options=-v".into(),
+    ]
+}
+
+/// The cubin of `source` (named `file`, including `headers`) compiled with `opts`: from the
+/// disk cache when `use_cache` and present (keyed by `label`, the arch, every source text,
+/// the options and NVRTC's version), else compiled and stored.
+///
+/// # Errors
+/// [`crate::Error::Compile`] with NVRTC's log.
+pub fn build_module(
+    label: &str,
+    file: &str,
+    source: &str,
+    headers: &[(&str, &str)],
+    opts: &[String],
+    target: &Target,
+    use_cache: bool,
+) -> Result<Module> {
+    let start = Instant::now();
+    let mut sources: Vec<&str> = headers.iter().map(|(_, src)| *src).collect();
+    sources.push(source);
+    let name = cache::file_name(label, &target.arch, &sources, opts, target.nvrtc);
+    let dir = cache::dir();
+    let millis = |start: Instant| start.elapsed().as_secs_f64() * 1e3;
+    if use_cache && let Some(cubin) = dir.as_deref().and_then(|d| cache::load(d, &name)) {
+        return Ok(Module {
+            cubin,
+            usage: None,
+            from_disk: true,
+            millis: millis(start),
+        });
+    }
+    let compiled = ffi::compile_cubin(file, source, headers, opts)?;
+    if let Some(d) = dir.as_deref() {
+        cache::store(d, &name, &compiled.cubin);
+    }
+    Ok(Module {
+        cubin: compiled.cubin,
+        usage: usage(&compiled.log),
+        from_disk: false,
+        millis: millis(start),
+    })
+}
+
 /// The NVRTC options of a variant, with the kernel-development defines of
 /// `MLA_EXTRA_DEFINES` (see [`extra_defines`]).
 pub fn options(variant: &Variant, target: &Target) -> Vec<String> {
@@ -116,11 +180,7 @@ pub fn options(variant: &Variant, target: &Target) -> Vec<String> {
 
 /// The NVRTC options of a variant plus `extra` defines (only for the stage-1 kernels).
 pub fn options_with(variant: &Variant, target: &Target, extra: &str) -> Vec<String> {
-    let mut o = vec![
-        format!("--gpu-architecture={}", target.arch),
-        "--std=c++17".into(),
-        "--ptxas-options=-v".into(),
-    ];
+    let mut o = base_options(target);
     o.extend(variant.defines());
     if variant.family.is_decode() {
         o.extend(extra_defines(extra));
@@ -145,54 +205,60 @@ pub fn extra_defines(text: &str) -> Vec<String> {
         .collect()
 }
 
-fn sources(family: Family) -> Vec<&'static str> {
-    let mut s: Vec<&str> = HEADERS.iter().map(|(_, src)| *src).collect();
-    s.push(family.source());
-    s
-}
-
 /// The cubin of a variant: from the disk cache when `use_cache` and present, else compiled
 /// (and stored).
 ///
 /// # Errors
 /// [`crate::Error::Compile`] with NVRTC's log.
 pub fn build(variant: &Variant, target: &Target, use_cache: bool) -> Result<Built> {
-    let start = Instant::now();
-    let opts = options(variant, target);
     let family = variant.family;
-    let name = cache::file_name(
+    let opts = options(variant, target);
+    let m = build_module(
         family.entry(),
-        &target.arch,
-        &sources(family),
+        family.file(),
+        family.source(),
+        &HEADERS,
         &opts,
-        target.nvrtc,
-    );
-    let dir = cache::dir();
-    if use_cache && let Some(cubin) = dir.as_deref().and_then(|d| cache::load(d, &name)) {
-        return Ok(Built {
-            variant: *variant,
-            cubin,
-            usage: None,
-            from_disk: true,
-            millis: start.elapsed().as_secs_f64() * 1e3,
-        });
-    }
-    let compiled = ffi::compile_cubin(family.file(), family.source(), &HEADERS, &opts)?;
-    if let Some(d) = dir.as_deref() {
-        cache::store(d, &name, &compiled.cubin);
-    }
+        target,
+        use_cache,
+    )?;
     Ok(Built {
         variant: *variant,
-        cubin: compiled.cubin,
-        usage: usage(&compiled.log),
-        from_disk: false,
-        millis: start.elapsed().as_secs_f64() * 1e3,
+        cubin: m.cubin,
+        usage: m.usage,
+        from_disk: m.from_disk,
+        millis: m.millis,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_of_a_module_of_several_entries_keeps_every_spill() {
+        let log = "ptxas info    : Compiling entry function 'a' for 'sm_90a'\n\
+                   ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+                   ptxas info    : Used 40 registers\n\
+                   ptxas info    : Compiling entry function 'b' for 'sm_90a'\n\
+                   ptxas         .     16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n\
+                   ptxas info    : Used 255 registers\n\
+                   ptxas info    : Compiling entry function 'c' for 'sm_90a'\n\
+                   ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+                   ptxas info    : Used 32 registers\n";
+        let u = usage(log).unwrap();
+        assert_eq!(
+            u,
+            Usage {
+                registers: 255,
+                stack: 16,
+                spill_stores: 8,
+                spill_loads: 12
+            }
+        );
+        assert!(u.spills(), "the middle entry's spills must not be lost");
+        assert_eq!(usage("nothing here"), None);
+    }
 
     #[test]
     fn extra_defines_reach_only_the_stage_one_kernels() {

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nvrtc::Ptx;
 
 use self::compile::{Built, Target};
@@ -280,19 +280,11 @@ impl CudaBackend {
     fn load(&mut self, v: Variant) -> Result<Loaded> {
         // The backend keeps the build's report, not its bytes: the module takes them.
         let mut built = compile::build(&v, &self.target, true)?;
-        let cubin = std::mem::take(&mut built.cubin);
-        let module = match self.ctx.load_module(Ptx::from_binary(cubin)) {
-            Ok(m) => m,
-            // A damaged cache entry: compile afresh (which overwrites it).
-            Err(_) if built.from_disk => {
-                built = compile::build(&v, &self.target, false)?;
-                let cubin = std::mem::take(&mut built.cubin);
-                self.ctx
-                    .load_module(Ptx::from_binary(cubin))
-                    .map_err(Error::driver("load a module"))?
-            }
-            Err(e) => return Err(Error::driver("load a module")(e)),
-        };
+        let (cubin, from_disk) = (std::mem::take(&mut built.cubin), built.from_disk);
+        let module = load_module(&self.ctx, cubin, from_disk, "load a module", || {
+            built = compile::build(&v, &self.target, false)?;
+            Ok(std::mem::take(&mut built.cubin))
+        })?;
         let func = module
             .load_function(v.family.entry())
             .map_err(Error::driver("load a kernel"))?;
@@ -442,6 +434,27 @@ impl CudaBackend {
         self.workspace
             .as_ref()
             .map_or(0, |w| address(w, &self.stream))
+    }
+}
+
+/// Loads a cubin into `ctx`. A cubin from the disk cache that the driver refuses (a damaged
+/// entry) is compiled afresh by `rebuild`, which overwrites the entry, and loaded instead.
+///
+/// # Errors
+/// [`Error::Driver`] (`what`), or `rebuild`'s.
+pub(crate) fn load_module(
+    ctx: &Arc<CudaContext>,
+    cubin: Vec<u8>,
+    from_disk: bool,
+    what: &'static str,
+    rebuild: impl FnOnce() -> Result<Vec<u8>>,
+) -> Result<Arc<CudaModule>> {
+    match ctx.load_module(Ptx::from_binary(cubin)) {
+        Ok(m) => Ok(m),
+        Err(_) if from_disk => ctx
+            .load_module(Ptx::from_binary(rebuild()?))
+            .map_err(Error::driver(what)),
+        Err(e) => Err(Error::driver(what)(e)),
     }
 }
 
