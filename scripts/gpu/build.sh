@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds, on this (CPU) machine, everything the GPU machine runs, into gpu-bin/ (ignored):
 #   gpu-bin/mla            the CLI (release)
-#   gpu-bin/tests/<name>   the release test binaries that touch the GPU
+#   gpu-bin/tests/<name>   the release test binaries that touch the GPU (run.sh runs each)
 #   gpu-bin/wheels/        the mla_rs wheel (abi3, built by maturin from PyPI)
 # and copies the side-by-side benchmark script next to the anchors if they were fetched
 # (../shared/bench/fetch-anchors.sh .anchors). Then run, through the device tool:
@@ -21,7 +21,7 @@ cp target/release/mla "$out/mla"
 cargo test --release -p mla --features nccl --tests --no-run --message-format=json 2>/dev/null |
   python3 -c '
 import json, sys, shutil
-want = {"cuda_contract", "cuda_runtime", "cuda_sanitize", "cpu_contract", "dcp_gpu"}
+want = {"cuda_contract", "cuda_runtime", "cuda_sanitize", "dcp_gpu"}
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want:

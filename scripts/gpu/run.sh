@@ -70,26 +70,26 @@ if has tests; then
 fi
 
 # A kernel variant under trial (MLA_TRY_DEFINES, e.g. -DMLA_CHUNKED), on the wgmma kernel:
-# its tests, then (if they pass) racecheck and its timing against the shipped kernel.
+# its tests. Only a trial whose tests passed (try_ok) joins the sanitizer and ablate steps
+# (`run.sh try memcheck racecheck ablate`): an untested one may hang.
+try_ok=0
 if [[ " $steps " == *" try "* ]] && [ -n "${MLA_TRY_DEFINES:-}" ]; then
   for t in cuda_contract cuda_runtime cuda_sanitize; do run_test $t wgmma "$MLA_TRY_DEFINES"; done
-  if [ "$try_failed" = 0 ]; then
-    MLA_KERNEL=wgmma MLA_EXTRA_DEFINES=$MLA_TRY_DEFINES timeout "${MLA_TRY_LIMIT:-40}" compute-sanitizer \
-      --tool racecheck --error-exitcode 9 gpu-bin/tests/cuda_sanitize --test-threads=1 > "$out/try-racecheck.log" 2>&1
-    note "try racecheck: rc=$?: $(grep -E 'RACECHECK SUMMARY|test result' "$out/try-racecheck.log" | tr '\n' ' ')"
-  fi
+  [ "$try_failed" = 0 ] && try_ok=1
 fi
 
 # Each sanitizer twice: kernels as shipped, then the wgmma kernel at every head count.
 for tool in memcheck racecheck; do
   if has "$tool"; then
     trial=""
-    [ -n "${MLA_TRY_DEFINES:-}" ] && [ "$try_failed" = 0 ] && trial=try
+    [ "$try_ok" = 1 ] && trial=try
     for k in "" wgmma $trial; do
       defs=""; kernel=$k
       if [ "$k" = try ]; then defs=$MLA_TRY_DEFINES; kernel=wgmma; fi
       log="$out/sanitizer-$tool${k:+-$k}.log"
-      MLA_KERNEL=$kernel MLA_EXTRA_DEFINES=$defs timeout "$limit" compute-sanitizer --tool "$tool" \
+      lim=$limit
+      [ "$k" = try ] && lim=${MLA_TRY_LIMIT:-40}
+      MLA_KERNEL=$kernel MLA_EXTRA_DEFINES=$defs timeout "$lim" compute-sanitizer --tool "$tool" \
         --error-exitcode 9 gpu-bin/tests/cuda_sanitize --test-threads=1 > "$log" 2>&1
       rc=$?
       note "compute-sanitizer $tool${k:+ (MLA_KERNEL=$kernel $defs)}: rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$log" | tr '\n' ' ')"
@@ -138,7 +138,7 @@ if has ablate; then
   # MLA_ABLATE_DEFINES (comma-separated) replaces the switches; a trial whose tests failed
   # is left out (it may hang).
   IFS=, read -r -a sets <<< "${MLA_ABLATE_DEFINES-,-DMLA_EXP_NO_S,-DMLA_EXP_NO_PV,-DMLA_EXP_NO_LOAD}"
-  [ -n "${MLA_TRY_DEFINES:-}" ] && [ "$try_failed" = 0 ] && sets+=("$MLA_TRY_DEFINES")
+  [ "$try_ok" = 1 ] && sets+=("$MLA_TRY_DEFINES")
   for defs in "${sets[@]}"; do
     for shape in "64 64" "128 128" "1 128" "32 128"; do
       set -- $shape

@@ -52,6 +52,15 @@ def test_the_drop_in_refuses_what_is_not_mla():
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the message on machines without a GPU")
+def test_the_drop_in_compares_scales_without_reading_them_when_it_can():
+    from mla_rs.vllm import _same_scale
+
+    scale = object()  # the same object is one scale, whatever it is: nothing is read
+    assert _same_scale(scale, scale)
+    assert _same_scale(0.5, 0.5)
+    assert not _same_scale(0.5, 0.25)
+
+
 def test_a_gpu_call_without_a_gpu_says_so():
     with pytest.raises(RuntimeError, match="no usable CUDA device"):
         mla_rs.MlaDecode(16, SCALE).reserve_workspace(4, 1024)

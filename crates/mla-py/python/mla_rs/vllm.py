@@ -25,6 +25,28 @@ _CACHE_DTYPES = {
 }
 
 
+def _same_scale(a, b):
+    """Whether two scales are one: the same object or the same tensor storage needs no read of
+    device memory (vLLM passes ``layer._k_scale`` as both). Only two different scales are read,
+    which synchronizes with the device, so it is refused under CUDA-graph capture."""
+    if a is b:
+        return True
+    ptr = getattr(a, "data_ptr", None), getattr(b, "data_ptr", None)
+    if all(ptr) and ptr[0]() == ptr[1]():
+        return True
+    if any(ptr) and _capturing():
+        raise ValueError("v_scale: under CUDA-graph capture, pass the k_scale tensor itself")
+    return float(a) == float(b)
+
+
+def _capturing():
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _decoder(q, k_buffer, lora, sm_scale):
     heads = q.shape[1]
     kv_dtype = _CACHE_DTYPES.get(str(k_buffer.dtype))
@@ -82,9 +104,8 @@ def decode_attention_fwd(
     if v_buffer is not None and v_buffer.data_ptr() != k_buffer.data_ptr():
         raise ValueError("v_buffer: expected a view of k_buffer's first kv_lora_rank columns (MLA)")
     lora = v_buffer.shape[-1] if v_buffer is not None else 512
-    if v_scale is not None and k_scale is not None and v_scale is not k_scale:
-        if float(v_scale) != float(k_scale):
-            raise ValueError("v_scale: expected the same scale as k_scale (MLA's values are its keys)")
+    if v_scale is not None and k_scale is not None and not _same_scale(v_scale, k_scale):
+        raise ValueError("v_scale: expected the same scale as k_scale (MLA's values are its keys)")
     dec = _decoder(q, kv, lora, sm_scale)
     if str(lse.dtype) == "torch.float32":
         dec.forward(q, kv, req_to_token, b_seq_len, k_scale=k_scale, out=o, lse_out=lse)
