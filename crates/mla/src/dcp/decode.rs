@@ -79,9 +79,12 @@ impl Half {
     }
 }
 
-/// The rank's buffers, sized by [`DcpDecode::reserve`].
+/// The rank's buffers, sized by [`DcpDecode::reserve`] for one merge: the other merge's
+/// buffers hold one element (the all-gather + reduce-scatter's f32 partials are twice the
+/// size of all of o).
 #[derive(Debug)]
 struct Buffers {
+    merge: DcpMerge,
     max_rows: usize,
     max_requests: usize,
     local_lens: CudaSlice<i32>,
@@ -185,7 +188,8 @@ impl DcpDecode {
         self.merge
     }
 
-    /// Chooses the merge (every rank of the group must choose the same).
+    /// Chooses the merge (every rank of the group must choose the same). The buffers are
+    /// sized for one merge: choose it before [`DcpDecode::reserve`], or reserve again.
     pub fn set_merge(&mut self, merge: DcpMerge) {
         self.merge = merge;
     }
@@ -228,7 +232,11 @@ impl DcpDecode {
             s.alloc_zeros::<f32>(k.max(1))
                 .map_err(Error::driver("allocate a dcp buffer"))
         };
+        // Only the chosen merge's buffers get their size.
+        let ag = self.merge == DcpMerge::AllGatherReduceScatter;
+        let (ag_n, a2a_n) = (usize::from(ag), usize::from(!ag));
         let bufs = Buffers {
+            merge: self.merge,
             max_rows,
             max_requests,
             local_lens: s
@@ -236,13 +244,13 @@ impl DcpDecode {
                 .map_err(Error::driver("allocate a dcp buffer"))?,
             part_o: Half::zeros(&s, dtype, o_n)?,
             part_lse: f32s(lse_n)?,
-            lse_all: f32s(lse_n.checked_mul(n).ok_or_else(overflow)?)?,
-            scaled_o: f32s(o_n)?,
-            summed_o: f32s(o_n / n)?,
-            packed_o: Half::zeros(&s, dtype, o_n)?,
-            packed_lse: f32s(lse_n)?,
-            gathered_o: Half::zeros(&s, dtype, o_n)?,
-            gathered_lse: f32s(lse_n)?,
+            lse_all: f32s(ag_n * lse_n.checked_mul(n).ok_or_else(overflow)?)?,
+            scaled_o: f32s(ag_n * o_n)?,
+            summed_o: f32s(ag_n * (o_n / n))?,
+            packed_o: Half::zeros(&s, dtype, a2a_n * o_n)?,
+            packed_lse: f32s(a2a_n * lse_n)?,
+            gathered_o: Half::zeros(&s, dtype, a2a_n * o_n)?,
+            gathered_lse: f32s(a2a_n * lse_n)?,
         };
         s.synchronize().map_err(Error::driver("synchronize"))?;
         self.bufs = Some(bufs);
@@ -276,9 +284,12 @@ impl DcpDecode {
         inputs: &DecodeInputs<'_>,
         outputs: &mut DecodeOutputs<'_>,
     ) -> Result<DecodePlan> {
-        check_outputs(self, inputs.q.rows(), outputs)?;
+        // The outputs are checked once, before anything runs.
+        let rows = inputs.q.rows();
+        let (o_ptr, lse_ptr) = check_outputs(self, rows, outputs)?;
         let plan = self.attend(inputs)?;
-        self.merge(outputs)?;
+        self.pending_rows = None;
+        self.merge_checked(rows, outputs, o_ptr, lse_ptr)?;
         Ok(plan)
     }
 
@@ -371,6 +382,18 @@ impl DcpDecode {
             .ok_or(Error::NotReserved("DcpDecode::merge (nothing attended)"))?;
         let (o_ptr, lse_ptr) = check_outputs(self, rows, outputs)?;
         self.pending_rows = None;
+        self.merge_checked(rows, outputs, o_ptr, lse_ptr)
+    }
+
+    /// The merge of `rows` attended rows into outputs already checked (their device
+    /// addresses `o_ptr`, `lse_ptr`).
+    fn merge_checked(
+        &mut self,
+        rows: usize,
+        outputs: &DecodeOutputs<'_>,
+        o_ptr: u64,
+        lse_ptr: u64,
+    ) -> Result<()> {
         if rows == 0 {
             return Ok(());
         }
@@ -379,10 +402,13 @@ impl DcpDecode {
         let (h, l) = (c.num_heads, c.kv_lora_rank);
         let layout = *self.group.layout();
         let n = layout.world_size();
-        let bufs = self
-            .bufs
-            .as_mut()
-            .ok_or(Error::NotReserved("DcpDecode::merge"))?;
+        let bufs =
+            self.bufs
+                .as_mut()
+                .filter(|b| b.merge == self.merge)
+                .ok_or(Error::NotReserved(
+                    "DcpDecode::merge (for the merge chosen: reserve after set_merge)",
+                ))?;
         let [o_row, o_head, _] = outputs.o.strides();
         let params = DcpParams {
             part_o: bufs.part_o.ptr(&s),
