@@ -170,9 +170,11 @@ impl MlaConfig {
             DeviceInfo::Cpu { threads } => *threads,
             DeviceInfo::Cuda { sm_count, .. } => *sm_count,
         });
-        // The CPU backend is the reference: vLLM's rule. The GPU picks its split count with
-        // a small cost model (waves of CTAs, tiles per CTA, partials moved by the combine).
+        // Batch-invariant mode: one split. Else the CPU backend is the reference: vLLM's rule;
+        // the GPU picks its split count with a small cost model (waves of CTAs, tiles per
+        // CTA, partials moved by the combine).
         let split_rule = match device {
+            _ if self.batch_invariant => SplitRule::Single,
             DeviceInfo::Cpu { .. } => SplitRule::Vllm { sm_count },
             DeviceInfo::Cuda { .. } => SplitRule::Fill {
                 sm_count,
@@ -324,11 +326,8 @@ impl ValidConfig {
     }
 
     /// Splits per row for `rows` query rows whose longest length is `max_seq` (1 in
-    /// batch-invariant mode).
+    /// batch-invariant mode, whose rule is [`SplitRule::Single`]).
     pub fn splits(&self, max_seq: usize, rows: usize) -> usize {
-        if self.batch_invariant {
-            return 1;
-        }
         self.split_rule
             .splits(self.span(max_seq), rows, self.q_heads)
     }

@@ -7,7 +7,7 @@ use crate::backend::{Backend, Device};
 use crate::config::{DeviceInfo, MlaConfig, ValidConfig};
 use crate::dtype::CacheDtype;
 use crate::error::{Error, Result};
-use crate::plan::{self, DecodePlan, SplitRule, WorkspaceManager};
+use crate::plan::{self, DecodePlan, WorkspaceManager};
 use crate::tensor::{Location, TensorRef};
 
 /// An MLA decoder: a validated configuration, a backend and its workspace.
@@ -169,12 +169,9 @@ impl MlaDecode {
     /// [`Error::Overflow`].
     pub fn reserve_workspace(&mut self, max_rows: usize, max_model_len: usize) -> Result<()> {
         let c = &self.config;
-        let row_splits = if c.batch_invariant {
-            max_rows
-        } else {
-            c.split_rule
-                .max_row_splits(max_rows, c.span(max_model_len), c.q_heads)
-        };
+        let row_splits = c
+            .split_rule
+            .max_row_splits(max_rows, c.span(max_model_len), c.q_heads);
         // The views are sized by rows x splits, so one "row" of that many splits is the worst.
         let (_, bytes) = plan::decode_workspace(row_splits, c.q_heads, 1, c.kv_lora_rank)?;
         self.grow_workspace(bytes)?;
@@ -210,21 +207,7 @@ impl MlaDecode {
             .max_model_len
             .ok_or(Error::NotReserved("register_decode_warmup"))?;
         let c = &self.config;
-        Ok(match c.split_rule {
-            SplitRule::Vllm { sm_count } => {
-                plan::warmup_split_counts(c.span(max), sm_count, c.batch_invariant)
-            }
-            // The GPU kernels take the split count as an argument: every count up to the most
-            // a batch can get is served by the same kernels.
-            SplitRule::Fill { .. } => {
-                let most = if c.batch_invariant {
-                    1
-                } else {
-                    c.splits(max, 1)
-                };
-                (1..=most).collect()
-            }
-        })
+        Ok(c.split_rule.warmup_counts(c.span(max), c.q_heads))
     }
 
     /// Prepares every variant forward can pick for this cache (its dtype, page size and

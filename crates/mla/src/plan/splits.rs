@@ -8,7 +8,7 @@
 //!   request under vLLM's rule occupies 2 to 16 of 132 SMs), each split keeping enough keys
 //!   to amortize its fixed costs. Where the splits fall never changes which keys a row sees.
 //!
-//! Batch-invariant mode uses one split under either rule.
+//! Batch-invariant mode is its own rule ([`SplitRule::Single`]): one split per row.
 
 use super::extents::KeyRange;
 
@@ -37,6 +37,8 @@ pub enum SplitRule {
         /// Most splits a row gets (the combine walks them in order).
         max_splits: usize,
     },
+    /// One split per row: batch-invariant mode (a row's result never depends on the batch).
+    Single,
 }
 
 impl SplitRule {
@@ -44,6 +46,7 @@ impl SplitRule {
     /// is `max_kv_len`.
     pub fn splits(self, max_kv_len: usize, rows: usize, heads: usize) -> usize {
         match self {
+            SplitRule::Single => 1,
             SplitRule::Vllm { sm_count } => num_kv_splits(max_kv_len, sm_count),
             SplitRule::Fill { max_splits, .. } => {
                 // A split keeps at least MIN_TILES tiles to amortize its fixed costs.
@@ -106,7 +109,7 @@ impl SplitRule {
     /// `max_kv_len` keys can need: what the workspace is reserved for.
     pub fn max_row_splits(self, max_rows: usize, max_kv_len: usize, heads: usize) -> usize {
         match self {
-            SplitRule::Vllm { .. } => {
+            SplitRule::Single | SplitRule::Vllm { .. } => {
                 max_rows.saturating_mul(self.splits(max_kv_len, max_rows, heads))
             }
             // The count is not monotone in rows: try every batch size (cheap next to a
@@ -115,6 +118,20 @@ impl SplitRule {
                 .map(|r| r * self.splits(max_kv_len, r, heads))
                 .max()
                 .unwrap_or(0),
+        }
+    }
+}
+
+impl SplitRule {
+    /// Every split count a decode over spans of at most `max_span` keys can use, so that
+    /// warmup can prepare each: vLLM's powers of two and its cap; every count up to the
+    /// fill rule's most (the GPU kernels take the count as an argument, so they serve all);
+    /// just 1 for a single split.
+    pub fn warmup_counts(self, max_span: usize, heads: usize) -> Vec<usize> {
+        match self {
+            SplitRule::Single => vec![1],
+            SplitRule::Vllm { sm_count } => warmup_split_counts(max_span, sm_count, false),
+            SplitRule::Fill { .. } => (1..=self.splits(max_span, 1, heads)).collect(),
         }
     }
 }
@@ -235,6 +252,27 @@ mod tests {
         for (len, sms, want) in cases {
             assert_eq!(num_kv_splits(len, sms), want, "len {len} sms {sms}");
         }
+    }
+
+    #[test]
+    fn a_single_split_rule_is_one_split_everywhere() {
+        let rule = SplitRule::Single;
+        for (len, rows) in [(0, 1), (100_000, 1), (1 << 20, 64)] {
+            assert_eq!(rule.splits(len, rows, 128), 1);
+        }
+        assert_eq!(rule.max_row_splits(64, 1 << 20, 128), 64);
+        assert_eq!(rule.warmup_counts(1 << 20, 128), [1]);
+        let fill = SplitRule::Fill {
+            sm_count: 132,
+            kv_lora_rank: 512,
+            max_splits: 64,
+        };
+        let counts = fill.warmup_counts(8192, 16);
+        assert_eq!(counts, (1..=fill.splits(8192, 1, 16)).collect::<Vec<_>>());
+        assert_eq!(
+            SplitRule::Vllm { sm_count: 132 }.warmup_counts(8192, 16),
+            [1, 2, 4, 8, 16]
+        );
     }
 
     #[test]
