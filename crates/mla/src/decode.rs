@@ -216,8 +216,9 @@ impl MlaDecode {
     /// compiles; the CPU backend only checks the cache and reports the set.
     ///
     /// # Errors
-    /// [`Error::CacheDtypeMismatch`], [`Error::Dtype`] and [`Error::Shape`] for a cache this
-    /// decoder cannot read, [`Error::NotReserved`].
+    /// [`Error::CacheDtypeMismatch`], and [`Error::Dtype`], [`Error::Shape`] or
+    /// [`Error::Stride`] for a cache this decoder cannot read (the checks of a decode),
+    /// [`Error::NotReserved`].
     pub fn register_decode_warmup(
         &mut self,
         kv_cache: &TensorRef<'_, 3>,
@@ -231,21 +232,7 @@ impl MlaDecode {
                 got: kv_cache_dtype.to_string(),
             });
         }
-        if !self.config.kv_format.accepts(kv_cache.dtype()) {
-            return Err(Error::Dtype {
-                arg: "kv_cache",
-                expected: self.config.kv_format.expected_storage().into(),
-                got: kv_cache.dtype().to_string(),
-            });
-        }
-        let d = self.config.head_dim();
-        if kv_cache.shape()[2] != d {
-            return Err(Error::Shape {
-                arg: "kv_cache",
-                expected: format!("[num_blocks, page_size, {d}]"),
-                got: kv_cache.shape().to_vec(),
-            });
-        }
+        plan::check_kv_cache(&self.config, kv_cache)?;
         let counts = self.warmup_split_counts()?;
         let max = counts.iter().copied().max().unwrap_or(1);
         self.backend.warmup(max)?;

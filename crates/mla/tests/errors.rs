@@ -618,6 +618,24 @@ fn warmup_needs_a_reservation_and_the_configured_cache() {
         .register_decode_warmup(&kv, CacheDtype::Fp8E4m3)
         .unwrap_err();
     assert!(matches!(e, Error::CacheDtypeMismatch { .. }), "{e}");
+    // The cache checks of a decode: pages that overlap (a token stride shorter than a row).
+    let [blocks, page, d] = kv.shape();
+    let overlapping = kv
+        .sub_view(0, [blocks, page, d], [page * d, d - 1, 1])
+        .unwrap();
+    let e = dec
+        .register_decode_warmup(&overlapping, CacheDtype::Bf16)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Stride {
+                arg: "kv_cache",
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]

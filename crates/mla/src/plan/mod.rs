@@ -142,17 +142,7 @@ impl DecodePlan {
                 dtype("q_pe", rope.dtype(), model)?;
             }
         }
-        if !cfg.kv_format.accepts(inputs.kv_cache.dtype()) {
-            return Err(Error::Dtype {
-                arg: "kv_cache",
-                expected: format!(
-                    "{} (kv_cache_dtype {})",
-                    cfg.kv_format.expected_storage(),
-                    cfg.cache_dtype
-                ),
-                got: inputs.kv_cache.dtype().to_string(),
-            });
-        }
+        check_kv_cache(cfg, &inputs.kv_cache)?;
         dtype("block_table", inputs.block_table.dtype(), DType::I32)?;
         dtype("seq_lens", inputs.seq_lens.dtype(), DType::I32)?;
         dtype("o", outputs.o.dtype(), model)?;
@@ -217,19 +207,7 @@ impl DecodePlan {
             }
         };
         let kv = inputs.kv_cache;
-        shape(
-            "kv_cache",
-            kv.shape(),
-            [Dim::Any("num_blocks"), Dim::Any("page_size"), Dim::Is(d)],
-        )?;
         let [num_blocks, page_size, _] = kv.shape();
-        if num_blocks == 0 || page_size == 0 {
-            return Err(Error::Shape {
-                arg: "kv_cache",
-                expected: format!("[num_blocks >= 1, page_size >= 1, {d}]"),
-                got: kv.shape().to_vec(),
-            });
-        }
         let requests = inputs.seq_lens.shape()[0];
         shape(
             "block_table",
@@ -245,23 +223,6 @@ impl DecodePlan {
 
         // 4. strides
         let [page_stride, token_stride, _] = kv.strides();
-        last_contiguous("kv_cache", kv.shape(), kv.strides())?;
-        if page_size > 1 && token_stride < d {
-            return Err(stride(
-                "kv_cache",
-                "keys of a page overlap: token stride < row width",
-                &kv.strides(),
-                &kv.shape(),
-            ));
-        }
-        if num_blocks > 1 && page_stride < (page_size - 1) * token_stride + d {
-            return Err(stride(
-                "kv_cache",
-                "pages overlap: page stride < (page_size - 1) * token stride + row width",
-                &kv.strides(),
-                &kv.shape(),
-            ));
-        }
         let bt = inputs.block_table;
         let max_blocks = bt.shape()[1];
         last_contiguous("block_table", bt.shape(), bt.strides())?;
@@ -404,6 +365,62 @@ fn max_seq_len(lens: &[i32]) -> Result<usize> {
         max = max.max(len);
     }
     Ok(max)
+}
+
+/// The cache checks a decode and its warmup share: the storage dtype of the configured
+/// format, the shape `[num_blocks >= 1, page_size >= 1, D]`, contiguous rows, and token and
+/// page strides under which no two keys overlap.
+///
+/// # Errors
+/// [`Error::Dtype`], [`Error::Shape`], [`Error::Stride`] for the argument `kv_cache`.
+pub(crate) fn check_kv_cache(
+    cfg: &ValidConfig,
+    kv: &crate::tensor::TensorRef<'_, 3>,
+) -> Result<()> {
+    if !cfg.kv_format.accepts(kv.dtype()) {
+        return Err(Error::Dtype {
+            arg: "kv_cache",
+            expected: format!(
+                "{} (kv_cache_dtype {})",
+                cfg.kv_format.expected_storage(),
+                cfg.cache_dtype
+            ),
+            got: kv.dtype().to_string(),
+        });
+    }
+    let d = cfg.head_dim();
+    shape(
+        "kv_cache",
+        kv.shape(),
+        [Dim::Any("num_blocks"), Dim::Any("page_size"), Dim::Is(d)],
+    )?;
+    let [num_blocks, page_size, _] = kv.shape();
+    if num_blocks == 0 || page_size == 0 {
+        return Err(Error::Shape {
+            arg: "kv_cache",
+            expected: format!("[num_blocks >= 1, page_size >= 1, {d}]"),
+            got: kv.shape().to_vec(),
+        });
+    }
+    let [page_stride, token_stride, _] = kv.strides();
+    last_contiguous("kv_cache", kv.shape(), kv.strides())?;
+    if page_size > 1 && token_stride < d {
+        return Err(stride(
+            "kv_cache",
+            "keys of a page overlap: token stride < row width",
+            &kv.strides(),
+            &kv.shape(),
+        ));
+    }
+    if num_blocks > 1 && page_stride < (page_size - 1) * token_stride + d {
+        return Err(stride(
+            "kv_cache",
+            "pages overlap: page stride < (page_size - 1) * token stride + row width",
+            &kv.strides(),
+            &kv.shape(),
+        ));
+    }
+    Ok(())
 }
 
 fn dtype(arg: &'static str, got: DType, want: DType) -> Result<()> {
