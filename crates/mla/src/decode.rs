@@ -275,12 +275,9 @@ impl MlaDecode {
     }
 
     fn grow_workspace(&mut self, bytes: usize) -> Result<()> {
-        let mut grown = self.workspace.clone();
-        if grown.ensure(bytes)? {
-            // Commit the new size only once the memory is there.
-            self.backend.resize_workspace(grown.size())?;
-            self.workspace = grown;
-        }
+        let backend = &mut self.backend;
+        self.workspace
+            .ensure(bytes, |size| backend.resize_workspace(size))?;
         Ok(())
     }
 }

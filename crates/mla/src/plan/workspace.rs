@@ -76,12 +76,17 @@ impl WorkspaceManager {
         self.locked = true;
     }
 
-    /// Makes room for `required` bytes. Returns whether the size grew (the backend must then
-    /// resize its buffer to [`WorkspaceManager::size`]).
+    /// Makes room for `required` bytes: when that is more than it holds, `grow(required)`
+    /// must provide the memory (the backend resizes its buffer), and the size changes only
+    /// if it did. Returns whether the size grew.
     ///
     /// # Errors
-    /// [`Error::WorkspaceLocked`] if it would grow after [`WorkspaceManager::lock`].
-    pub fn ensure(&mut self, required: usize) -> Result<bool> {
+    /// [`Error::WorkspaceLocked`] if it would grow after [`WorkspaceManager::lock`]; `grow`'s.
+    pub fn ensure(
+        &mut self,
+        required: usize,
+        grow: impl FnOnce(usize) -> Result<()>,
+    ) -> Result<bool> {
         if required <= self.size {
             return Ok(false);
         }
@@ -91,6 +96,7 @@ impl WorkspaceManager {
                 current: self.size,
             });
         }
+        grow(required)?;
         self.size = required;
         Ok(true)
     }
@@ -101,7 +107,7 @@ impl WorkspaceManager {
     /// As [`WorkspaceManager::ensure`], and [`Error::Overflow`] for sizes beyond `usize`.
     pub fn simultaneous<const K: usize>(&mut self, bytes: [usize; K]) -> Result<[Region; K]> {
         let (regions, total) = layout(bytes)?;
-        self.ensure(total)?;
+        self.ensure(total, |_| Ok(()))?;
         Ok(regions)
     }
 }
@@ -150,8 +156,17 @@ mod tests {
     #[test]
     fn grows_until_locked_then_refuses() {
         let mut w = WorkspaceManager::new();
-        assert!(w.ensure(100).unwrap());
-        assert!(!w.ensure(50).unwrap());
+        assert!(w.ensure(100, |_| Ok(())).unwrap());
+        assert!(!w.ensure(50, |_| panic!("no growth needed")).unwrap());
+        assert_eq!(w.size(), 100);
+        // Memory that cannot be had leaves the size alone.
+        let refused = w.ensure(200, |n| {
+            Err(Error::Overflow {
+                what: "test",
+                detail: n.to_string(),
+            })
+        });
+        assert!(matches!(refused, Err(Error::Overflow { .. })));
         assert_eq!(w.size(), 100);
         w.simultaneous([300, 300]).unwrap();
         assert_eq!(w.size(), 812); // [0, 300) and [512, 812)
