@@ -48,8 +48,10 @@
 //! Build one [`MlaDecode`] per model configuration and reuse it for every layer and step:
 //! reserve the workspace for the worst case once, lock it, warm it up
 //! ([`MlaDecode::register_decode_warmup`]), then decode. A locked, warm decoder never
-//! allocates or compiles on the decode path, and on the GPU never waits for the device, so a
-//! decode can be captured in a CUDA graph and replayed with new lengths and block tables.
+//! compiles or grows its workspace on the decode path; on the GPU it allocates nothing and
+//! never waits for the device, so a decode can be captured in a CUDA graph and replayed with
+//! new lengths and block tables (the CPU backend takes per-thread scratch for each parallel
+//! job).
 //!
 //! ## Crate features
 //!

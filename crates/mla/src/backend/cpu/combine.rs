@@ -39,35 +39,37 @@ pub fn run<T>(
     rows_mut(o, plan.rows, o_row)
         .zip(rows_mut(lse, plan.rows, plan.lse_stride))
         .enumerate()
-        .for_each(|(row, (o_out, lse_out))| {
-            let keys = src.row_keys(plan, row);
-            let mut acc = vec![0f32; l];
-            for head in 0..h {
-                acc.fill(0.0);
-                let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
-                for s in 0..splits {
-                    if split_range(keys, s, splits).is_empty() {
-                        continue;
+        .for_each_init(
+            || vec![0f32; l],
+            |acc, (row, (o_out, lse_out))| {
+                let keys = src.row_keys(plan, row);
+                for head in 0..h {
+                    acc.fill(0.0);
+                    let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+                    for s in 0..splits {
+                        if split_range(keys, s, splits).is_empty() {
+                            continue;
+                        }
+                        let at = (row * splits + s) * h + head;
+                        let lse_s = part_lse[at];
+                        let part = &part_o[at * l..(at + 1) * l];
+                        let m_new = m.max(lse_s);
+                        let old = (m - m_new).exp();
+                        let w = (lse_s - m_new).exp();
+                        for (a, &p) in acc.iter_mut().zip(part) {
+                            *a = *a * old + w * p;
+                        }
+                        sum = sum * old + w;
+                        m = m_new;
                     }
-                    let at = (row * splits + s) * h + head;
-                    let lse_s = part_lse[at];
-                    let part = &part_o[at * l..(at + 1) * l];
-                    let m_new = m.max(lse_s);
-                    let old = (m - m_new).exp();
-                    let w = (lse_s - m_new).exp();
-                    for (a, &p) in acc.iter_mut().zip(part) {
-                        *a = *a * old + w * p;
+                    if sum > 0.0 {
+                        acc.iter_mut().for_each(|a| *a /= sum);
+                        lse_out[head] = m + sum.ln();
+                    } else {
+                        lse_out[head] = f32::NEG_INFINITY;
                     }
-                    sum = sum * old + w;
-                    m = m_new;
+                    o_out[head * o_head..head * o_head + l].convert_from_f32_slice(acc);
                 }
-                if sum > 0.0 {
-                    acc.iter_mut().for_each(|a| *a /= sum);
-                    lse_out[head] = m + sum.ln();
-                } else {
-                    lse_out[head] = f32::NEG_INFINITY;
-                }
-                o_out[head * o_head..head * o_head + l].convert_from_f32_slice(&acc);
-            }
-        });
+            },
+        );
 }

@@ -59,22 +59,21 @@ pub fn run(plan: &DecodePlan, src: &HostInputs<'_>, part_o: &mut [f32], part_lse
         .par_chunks_mut(h * l)
         .zip(part_lse.par_chunks_mut(h))
         .enumerate()
-        .for_each(|(rs, (o, lse))| {
-            let (row, s) = (rs / splits, rs % splits);
-            let keys = split_range(src.row_keys(plan, row), s, splits);
-            if keys.is_empty() {
-                return;
-            }
-            o.par_chunks_mut(HEAD_GROUP * l)
-                .zip(lse.par_chunks_mut(HEAD_GROUP))
-                .enumerate()
-                .for_each_init(
-                    || Scratch::new(d, l),
-                    |scratch, (g, (o, lse))| {
-                        attend(plan, src, row, g * HEAD_GROUP, keys, scratch, o, lse)
-                    },
-                );
-        });
+        // One scratch per rayon job, not per (row, split): a job walks many of them.
+        .for_each_init(
+            || Scratch::new(d, l),
+            |scratch, (rs, (o, lse))| {
+                let (row, s) = (rs / splits, rs % splits);
+                let keys = split_range(src.row_keys(plan, row), s, splits);
+                if keys.is_empty() {
+                    return;
+                }
+                let groups = o.chunks_mut(HEAD_GROUP * l).zip(lse.chunks_mut(HEAD_GROUP));
+                for (g, (o, lse)) in groups.enumerate() {
+                    attend(plan, src, row, g * HEAD_GROUP, keys, scratch, o, lse);
+                }
+            },
+        );
 }
 
 /// One work item: heads `head0..head0 + lse.len()` of `row` over `keys`.
