@@ -34,23 +34,23 @@ pub struct PyMlaDecode {
 impl PyMlaDecode {
     /// The decoder on `device` (created on first use; torch's current device when None).
     fn decoder(&mut self, py: Python<'_>, device: Option<usize>) -> PyResult<&mut MlaDecode> {
-        if self.inner.is_none() {
-            let device = match device {
-                Some(d) => d,
-                None => match torch::torch(py) {
-                    Ok(t) => t
-                        .getattr("cuda")?
-                        .call_method0("current_device")?
-                        .extract()?,
-                    Err(_) => 0,
-                },
-            };
-            self.inner = Some(MlaDecode::new(&self.config, Device::Cuda(device)).map_err(to_py)?);
-        }
-        let dec = self
-            .inner
-            .as_mut()
-            .ok_or_else(|| value_error("no decoder"))?;
+        let dec = match self.inner.take() {
+            Some(dec) => dec,
+            None => {
+                let device = match device {
+                    Some(d) => d,
+                    None => match torch::torch(py) {
+                        Ok(t) => t
+                            .getattr("cuda")?
+                            .call_method0("current_device")?
+                            .extract()?,
+                        Err(_) => 0,
+                    },
+                };
+                MlaDecode::new(&self.config, Device::Cuda(device)).map_err(to_py)?
+            }
+        };
+        let dec = self.inner.insert(dec);
         if let (Some(d), mla::Location::Cuda(have)) = (device, dec.location())
             && d != have
         {
@@ -210,17 +210,20 @@ impl PyMlaDecode {
             }
         }
 
-        // Outputs: the caller's, or new torch tensors on q's device (o in q's dtype).
-        let q_device = first.getattr("device")?;
+        // Outputs: the caller's (nothing looked up: the graph-capture path), or new torch
+        // tensors on q's device (o in q's dtype).
         let out = match out {
             Some(o) => o,
-            None => torch::empty(py, &[rows, heads, l], &first.getattr("dtype")?, &q_device)?,
+            None => {
+                let (dtype, on) = (first.getattr("dtype")?, first.getattr("device")?);
+                torch::empty(py, &[rows, heads, l], &dtype, &on)?
+            }
         };
         let lse_out = match lse_out {
             Some(o) => o,
             None => {
                 let f32 = torch::torch(py)?.getattr("float32")?;
-                torch::empty(py, &[rows, heads], &f32, &q_device)?
+                torch::empty(py, &[rows, heads], &f32, &first.getattr("device")?)?
             }
         };
         let mut outputs = DecodeOutputs {
