@@ -50,6 +50,11 @@ fn message(e: &Error) -> String {
     e.to_string()
 }
 
+/// The check of an error whose message is exactly `want`.
+fn msg(want: impl AsRef<str>) -> impl FnOnce(&Error) {
+    move |e| assert_eq!(message(e), want.as_ref())
+}
+
 #[test]
 fn input_dtypes_are_checked() {
     let p = problem(&[20, 5], 1);
@@ -58,27 +63,22 @@ fn input_dtypes_are_checked() {
     expect_err(
         &p,
         |i| i.q = Query::Packed(TensorRef::contiguous(&f32s, [2, H, 576]).unwrap()),
-        |e| assert_eq!(message(e), "q: expected dtype bf16, got f32"),
+        msg("q: expected dtype bf16, got f32"),
     );
     expect_err(
         &p,
         |i| i.kv_cache = TensorRef::contiguous(&bytes, [50, 16, 576]).unwrap(),
-        |e| {
-            assert_eq!(
-                message(e),
-                "kv_cache: expected dtype bf16 (kv_cache_dtype auto), got u8"
-            )
-        },
+        msg("kv_cache: expected dtype bf16 (kv_cache_dtype auto), got u8"),
     );
     expect_err(
         &p,
         |i| i.block_table = TensorRef::contiguous(&f32s, [2, 2]).unwrap(),
-        |e| assert_eq!(message(e), "block_table: expected dtype i32, got f32"),
+        msg("block_table: expected dtype i32, got f32"),
     );
     expect_err(
         &p,
         |i| i.seq_lens = TensorRef::contiguous(&f32s, [2]).unwrap(),
-        |e| assert_eq!(message(e), "seq_lens: expected dtype i32, got f32"),
+        msg("seq_lens: expected dtype i32, got f32"),
     );
     let q = p.q.view(0, [2, H, 512], [H * 576, 576, 1]).unwrap();
     expect_err(
@@ -89,7 +89,7 @@ fn input_dtypes_are_checked() {
                 rope: TensorRef::from_host(&f32s, [2, H, 64], [H * 576, 576, 1]).unwrap(),
             }
         },
-        |e| assert_eq!(message(e), "q_pe: expected dtype bf16, got f32"),
+        msg("q_pe: expected dtype bf16, got f32"),
     );
 }
 
@@ -185,12 +185,7 @@ fn shapes_are_checked() {
     expect_err(
         &p,
         |i| i.q = Query::Packed(wrong_heads),
-        |e| {
-            assert_eq!(
-                message(e),
-                "q: expected shape [rows, 4, 576], got [2, 3, 576]"
-            )
-        },
+        msg("q: expected shape [rows, 4, 576], got [2, 3, 576]"),
     );
     let narrow = p.q.view(0, [2, H, 575], [H * 576, 576, 1]).unwrap();
     expect_err(
@@ -208,27 +203,17 @@ fn shapes_are_checked() {
                 rope: rope_rows,
             }
         },
-        |e| {
-            assert_eq!(
-                message(e),
-                "q_pe: expected shape [2, 4, 64], got [1, 4, 64]"
-            )
-        },
+        msg("q_pe: expected shape [2, 4, 64], got [1, 4, 64]"),
     );
     let short_table =
         TensorRef::contiguous(&p.block_table[..p.max_blocks], [1, p.max_blocks]).unwrap();
     expect_err(
         &p,
         |i| i.block_table = short_table,
-        |e| {
-            assert_eq!(
-                message(e),
-                format!(
-                    "block_table: expected shape [2, max_blocks], got [1, {}]",
-                    p.max_blocks
-                )
-            )
-        },
+        msg(format!(
+            "block_table: expected shape [2, max_blocks], got [1, {}]",
+            p.max_blocks
+        )),
     );
     let kv =
         p.kv.view([p.num_blocks, 16, 512], [16 * 576, 576, 1])
@@ -236,15 +221,10 @@ fn shapes_are_checked() {
     expect_err(
         &p,
         |i| i.kv_cache = kv,
-        |e| {
-            assert_eq!(
-                message(e),
-                format!(
-                    "kv_cache: expected shape [num_blocks, page_size, 576], got [{}, 16, 512]",
-                    p.num_blocks
-                )
-            )
-        },
+        msg(format!(
+            "kv_cache: expected shape [num_blocks, page_size, 576], got [{}, 16, 512]",
+            p.num_blocks
+        )),
     );
     let empty = p.kv.view([0, 16, 576], [16 * 576, 576, 1]).unwrap();
     expect_err(
@@ -287,12 +267,9 @@ fn strides_are_checked() {
     expect_err(
         &p,
         |i| i.q = Query::Packed(q2),
-        |e| {
-            assert_eq!(
-                message(e),
-                "q: the last dimension must be contiguous (strides [4608, 1152, 2], shape [2, 4, 576])"
-            )
-        },
+        msg(
+            "q: the last dimension must be contiguous (strides [4608, 1152, 2], shape [2, 4, 576])",
+        ),
     );
     // Keys of a page overlapping, pages overlapping.
     let kv =
@@ -411,12 +388,7 @@ fn query_len_must_match_the_rows() {
     expect_err(
         &p,
         |i| i.query_len = 1,
-        |e| {
-            assert_eq!(
-                message(e),
-                "query_len: expected 2 (4 query rows over 2 requests), got 1"
-            )
-        },
+        msg("query_len: expected 2 (4 query rows over 2 requests), got 1"),
     );
     expect_err(
         &p,
@@ -462,23 +434,18 @@ fn negative_and_too_long_lengths_are_refused() {
     expect_err(
         &p,
         |i| i.seq_lens = TensorRef::contiguous(&neg, [2]).unwrap(),
-        |e| assert_eq!(message(e), "seq_lens[1]: expected a length >= 0, got -1"),
+        msg("seq_lens[1]: expected a length >= 0, got -1"),
     );
     let capacity = p.max_blocks * 16;
     let long = [20i32, capacity as i32 + 1];
     expect_err(
         &p,
         |i| i.seq_lens = TensorRef::contiguous(&long, [2]).unwrap(),
-        |e| {
-            assert_eq!(
-                message(e),
-                format!(
-                    "seq_lens[1] = {} exceeds the block table's capacity of {capacity} keys ({} blocks of 16)",
-                    capacity + 1,
-                    p.max_blocks
-                )
-            )
-        },
+        msg(format!(
+            "seq_lens[1] = {} exceeds the block table's capacity of {capacity} keys ({} blocks of 16)",
+            capacity + 1,
+            p.max_blocks
+        )),
     );
 }
 
@@ -491,15 +458,10 @@ fn block_ids_outside_the_cache_are_refused() {
         expect_err(
             &p,
             |i| i.block_table = TensorRef::contiguous(&table, [2, p.max_blocks]).unwrap(),
-            |e| {
-                assert_eq!(
-                    message(e),
-                    format!(
-                        "block_table[0][1] = {bad} is outside the kv cache's {} blocks",
-                        p.num_blocks
-                    )
-                )
-            },
+            msg(format!(
+                "block_table[0][1] = {bad} is outside the kv cache's {} blocks",
+                p.num_blocks
+            )),
         );
     }
 }
