@@ -256,8 +256,7 @@ fn generate(case: &Case, cache: CacheDtype, seed: u64) -> mla::Result<Problem> {
     } else {
         Mask::NonCausal
     };
-    spec.kv_format = cache.resolve(ModelDtype::Bf16)?;
-    spec.k_scale = if spec.kv_format.is_fp8() { 0.5 } else { 1.0 };
+    let mut spec = spec.with_format(ModelDtype::Bf16, cache.resolve(ModelDtype::Bf16)?);
     spec.seed = seed;
     Problem::generate(&spec)
 }

@@ -11,10 +11,7 @@ use proptest::prelude::*;
 #[test]
 fn every_cache_format_is_accurate() {
     for (model, kv) in formats() {
-        let mut s = spec(16, 64, &[700, 1500, 33], 1, Mask::Causal);
-        s.model_dtype = model;
-        s.kv_format = kv;
-        s.k_scale = if kv.is_fp8() { 0.5 } else { 1.0 };
+        let s = spec(16, 64, &[700, 1500, 33], 1, Mask::Causal).with_format(model, kv);
         let case = Case::new(s);
         let r = run_case(&case, Device::Cpu);
         assert_accurate(&case, r.accuracy);

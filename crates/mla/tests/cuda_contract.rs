@@ -19,10 +19,7 @@ fn check(case: &Case) {
 #[test]
 fn every_cache_format_and_model_dtype() {
     for (model, kv) in common::formats() {
-        let mut s = spec(16, 64, &[700, 1500, 33, 0], 1, Mask::Causal);
-        s.model_dtype = model;
-        s.kv_format = kv;
-        s.k_scale = if kv.is_fp8() { 0.5 } else { 1.0 };
+        let s = spec(16, 64, &[700, 1500, 33, 0], 1, Mask::Causal).with_format(model, kv);
         check(&Case::new(s));
     }
 }
@@ -98,9 +95,8 @@ fn many_splits_and_long_contexts() {
         (128, KvFormat::Bf16),
         (16, KvFormat::Fp8E4m3),
     ] {
-        let mut s = spec(heads, 64, &[65_536, 5, 17_000], 1, Mask::Causal);
-        s.kv_format = kv;
-        s.k_scale = if kv.is_fp8() { 0.5 } else { 1.0 };
+        let s = spec(heads, 64, &[65_536, 5, 17_000], 1, Mask::Causal)
+            .with_format(ModelDtype::Bf16, kv);
         check(&Case::new(s));
     }
 }
@@ -211,10 +207,7 @@ prop_compose! {
     ) -> Case {
         let max_len = (4_000_000 / (heads * requests * q_len)).clamp(1, 9000);
         let lens: Vec<usize> = len_draws[..requests].iter().map(|u| (u * max_len as f64) as usize).collect();
-        let mut s = spec(heads, page, &lens, q_len, if causal { Mask::Causal } else { Mask::NonCausal });
-        s.model_dtype = model;
-        s.kv_format = kv;
-        s.k_scale = if kv.is_fp8() { 0.5 } else { 1.0 };
+        let mut s = spec(heads, page, &lens, q_len, if causal { Mask::Causal } else { Mask::NonCausal }).with_format(model, kv);
         s.seed = seed;
         Case { spec: s, window, batch_invariant, split_q, split_units: None }
     }

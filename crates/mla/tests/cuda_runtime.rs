@@ -21,9 +21,8 @@ use rand::seq::SliceRandom;
 fn a_captured_decode_replays_with_new_lengths_and_tables() {
     for (heads, kv) in [(64, KvFormat::Bf16), (16, KvFormat::Fp8E4m3)] {
         // Shapes fixed at capture: 3 requests x 2 tokens, block tables of up to 4000 keys.
-        let mut s = spec(heads, 16, &[4000, 4000, 4000], 2, Mask::Causal);
-        s.kv_format = kv;
-        s.k_scale = if kv.is_fp8() { 0.5 } else { 1.0 };
+        let s =
+            spec(heads, 16, &[4000, 4000, 4000], 2, Mask::Causal).with_format(ModelDtype::Bf16, kv);
         let case = Case::new(s);
         let Some(mut dec) = gpu::open(&case.config()) else {
             return;
@@ -104,9 +103,7 @@ fn after_warmup_forward_compiles_nothing() {
         (128, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3),
         (40, KvFormat::Fp8E5m2, CacheDtype::Fp8E5m2),
     ] {
-        let mut s = spec(heads, 64, &[10], 1, Mask::Causal);
-        s.kv_format = kv;
-        s.k_scale = if kv.is_fp8() { 0.5 } else { 1.0 };
+        let s = spec(heads, 64, &[10], 1, Mask::Causal).with_format(ModelDtype::Bf16, kv);
         let case = Case::new(s);
         let Some(mut dec) = gpu::open(&case.config()) else {
             return;

@@ -15,10 +15,7 @@ fn sanitize_every_kernel_path() {
     let mut cases = Vec::new();
     for (model, kv) in common::formats() {
         // 20 heads: a padded row group; 3-key pages; a 2000-key row (4 splits on the tail).
-        let mut s = spec(20, 3, &[2000, 7, 0, 513], 2, Mask::Causal);
-        s.model_dtype = model;
-        s.kv_format = kv;
-        s.k_scale = if kv.is_fp8() { 0.5 } else { 1.0 };
+        let s = spec(20, 3, &[2000, 7, 0, 513], 2, Mask::Causal).with_format(model, kv);
         cases.push(Case::new(s));
     }
     let mut windowed = Case::new(spec(100, 1, &[300, 1200], 3, Mask::NonCausal));

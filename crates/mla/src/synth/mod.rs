@@ -372,6 +372,15 @@ impl Problem {
 }
 
 impl ProblemSpec {
+    /// The same problem with a model dtype and a cache format; an fp8 cache gets k_scale 0.5
+    /// (so that a wrong scale shows), a 16-bit one 1. What the tests and `mla bench` draw.
+    pub fn with_format(mut self, model: ModelDtype, kv: KvFormat) -> Self {
+        self.model_dtype = model;
+        self.kv_format = kv;
+        self.k_scale = if kv.is_fp8() { 0.5 } else { 1.0 };
+        self
+    }
+
     /// (token stride, page stride) of the cache, in elements.
     pub fn strides(&self) -> (usize, usize) {
         let token = self.kv_lora_rank + self.rope_dim + self.token_pad;
