@@ -90,7 +90,8 @@ impl ProblemSpec {
 
 /// `n` draws of N(0, sigma^2) converted by `f`, generated in parallel chunks, each chunk from
 /// its own seed: the same values whatever the thread count (gigabyte caches in about a second).
-fn normals<T: Send>(
+/// Written in place: one allocation of the result, no per-chunk vectors to gather.
+fn normals<T: Send + Copy + Default>(
     n: usize,
     sigma: f32,
     seed: u64,
@@ -98,23 +99,18 @@ fn normals<T: Send>(
     f: impl Fn(f32) -> T + Sync,
 ) -> Vec<T> {
     const CHUNK: usize = 1 << 16;
-    let chunks: Vec<Vec<T>> = (0..n.div_ceil(CHUNK))
-        .into_par_iter()
-        .map(|c| {
-            let key = seed
-                ^ stream.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-                ^ (c as u64).wrapping_mul(0xd1b5_4a32_d192_ed03);
-            let mut rng = StdRng::seed_from_u64(key);
-            let len = CHUNK.min(n - c * CHUNK);
-            (0..len)
-                .map(|_| {
-                    let x: f32 = StandardNormal.sample(&mut rng);
-                    f(x * sigma)
-                })
-                .collect()
-        })
-        .collect();
-    chunks.into_iter().flatten().collect()
+    let mut out = vec![T::default(); n];
+    out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
+        let key = seed
+            ^ stream.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ (c as u64).wrapping_mul(0xd1b5_4a32_d192_ed03);
+        let mut rng = StdRng::seed_from_u64(key);
+        for v in chunk {
+            let x: f32 = StandardNormal.sample(&mut rng);
+            *v = f(x * sigma);
+        }
+    });
+    out
 }
 
 /// Host storage in the model dtype (q, o), or of a 16-bit cache.
