@@ -15,15 +15,16 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
 
 use super::ffi::DeviceBytes;
-use super::ffi::launch;
 use super::group::DcpGroup;
 use super::kernels::DcpKernels;
 use super::params::DcpParams;
 use crate::args::{DecodeInputs, DecodeOutputs};
+use crate::backend::cuda::address;
+use crate::backend::cuda::ffi::launch;
 use crate::dtype::{CacheDtype, DType, ModelDtype};
 use crate::error::{Error, Result};
 use crate::tensor::{Location, TensorMut, TensorRef};
@@ -110,10 +111,6 @@ pub struct DcpDecode {
     bufs: Option<Buffers>,
     /// Rows attended by [`DcpDecode::attend`] and not merged yet.
     pending_rows: Option<usize>,
-}
-
-fn address<T>(v: &CudaSlice<T>, s: &CudaStream) -> u64 {
-    v.device_ptr(s).0
 }
 
 impl DcpDecode {
@@ -354,6 +351,7 @@ impl DcpDecode {
                 &self.kernels.local_seq_lens,
                 (blocks, 1),
                 (128, 1),
+                0,
                 &params,
             )?;
         }
@@ -450,6 +448,7 @@ impl DcpDecode {
                     &self.kernels.scale_partials,
                     grid(all_heads),
                     block,
+                    0,
                     &params,
                 )?;
                 let (scaled, summed) = (
@@ -462,11 +461,12 @@ impl DcpDecode {
                     &self.kernels.finish_sum,
                     grid(own_heads),
                     block,
+                    0,
                     &params,
                 )?;
             }
             DcpMerge::AllToAll => {
-                launch(&s, &self.kernels.pack, grid(all_heads), block, &params)?;
+                launch(&s, &self.kernels.pack, grid(all_heads), block, 0, &params)?;
                 let slot_o = rows * h * l * 2; // 16-bit model dtype
                 let slot_lse = rows * h * 4;
                 let buffers = [
@@ -483,6 +483,7 @@ impl DcpDecode {
                     &self.kernels.merge_gathered,
                     grid(own_heads),
                     block,
+                    0,
                     &params,
                 )?;
             }

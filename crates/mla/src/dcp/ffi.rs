@@ -1,47 +1,15 @@
-//! Every unsafe call of the DCP code: launching a DCP kernel, and NCCL (communicator
-//! creation, all-gather, reduce-scatter, grouped send/recv). Everything above is safe Rust.
+//! Every unsafe piece of the DCP code: its kernels' parameter struct as a launchable
+//! argument (the launch is the backend's), and NCCL (communicator creation, all-gather,
+//! reduce-scatter, grouped send/recv). Everything above is safe Rust.
 #![allow(unsafe_code)]
 
-use std::ffi::c_void;
-
-use cudarc::driver::{CudaFunction, CudaStream};
-
 use super::params::DcpParams;
-use crate::error::{Error, Result};
+use crate::backend::cuda::ffi::KernelParams;
 
-/// Launches a DCP kernel with its one `DcpParams` argument.
-///
-/// # Errors
-/// [`Error::Driver`] if the launch is refused.
-pub(crate) fn launch(
-    stream: &CudaStream,
-    func: &CudaFunction,
-    grid: (u32, u32),
-    block: (u32, u32),
-    params: &DcpParams,
-) -> Result<()> {
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(Error::driver("bind the context"))?;
-    let mut args = [params as *const DcpParams as *mut c_void];
-    // SAFETY: every DCP kernel takes exactly one `DcpParams` by value (size checked on both
-    // sides); `args` holds its address and outlives the call, which copies it. The pointers in
-    // it are buffers of the DcpDecode sized at reserve for at least these rows and heads, or
-    // caller views checked (shape, dtype, device, alignment) before the launch. `func`
-    // belongs to the stream's context, bound above.
-    unsafe {
-        cudarc::driver::result::launch_kernel(
-            func.cu_function(),
-            (grid.0, grid.1, 1),
-            (block.0, block.1, 1),
-            0,
-            stream.cu_stream(),
-            &mut args,
-        )
-    }
-    .map_err(Error::driver("launch a dcp kernel"))
-}
+// SAFETY: the mirror of `kernels/dcp/params.cuh` (size asserted in params.rs and the header);
+// DcpDecode fills it with buffers sized at reserve for at least the rows and heads launched,
+// and caller views checked (shape, dtype, device, alignment) before the launch.
+unsafe impl KernelParams for DcpParams {}
 
 #[cfg(feature = "nccl")]
 pub(crate) use nccl::*;

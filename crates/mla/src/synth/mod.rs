@@ -100,16 +100,18 @@ fn normals<T: Send + Copy + Default>(
 ) -> Vec<T> {
     const CHUNK: usize = 1 << 16;
     let mut out = vec![T::default(); n];
-    out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
-        let key = seed
-            ^ stream.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            ^ (c as u64).wrapping_mul(0xd1b5_4a32_d192_ed03);
-        let mut rng = StdRng::seed_from_u64(key);
-        for v in chunk {
-            let x: f32 = StandardNormal.sample(&mut rng);
-            *v = f(x * sigma);
-        }
-    });
+    out.par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            let key = seed
+                ^ stream.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                ^ (c as u64).wrapping_mul(0xd1b5_4a32_d192_ed03);
+            let mut rng = StdRng::seed_from_u64(key);
+            for v in chunk {
+                let x: f32 = StandardNormal.sample(&mut rng);
+                *v = f(x * sigma);
+            }
+        });
     out
 }
 

@@ -140,35 +140,46 @@ pub fn compile_cubin(
     result
 }
 
-/// Launches `func` with the decode parameters as its one argument. Straight to the driver
-/// (cudarc's launch builder collects arguments in a `Vec`): the decode path allocates nothing.
+/// The one by-value argument of a kernel family of this crate: a `#[repr(C)]` mirror, field
+/// for field, of the family's parameter struct in `kernels/` (sizes checked on both sides).
+///
+/// # Safety
+/// Implement only for such a mirror, whose every address the launching code has checked
+/// (the plan and the backend for [`DecodeParams`]; `DcpDecode`'s reservation and argument
+/// checks for the DCP parameters).
+pub(crate) unsafe trait KernelParams {}
+
+// SAFETY: the mirror of `kernels/params.cuh` (size asserted in params.rs and the header).
+unsafe impl KernelParams for DecodeParams {}
+
+/// Launches `func` with `params` as its one argument. Straight to the driver (cudarc's
+/// launch builder collects arguments in a `Vec`): the decode path allocates nothing.
 ///
 /// # Errors
 /// [`Error::Driver`] if the launch is refused.
-pub fn launch(
+pub(crate) fn launch<P: KernelParams>(
     stream: &CudaStream,
     func: &CudaFunction,
     grid: (u32, u32),
-    threads: u32,
+    block: (u32, u32),
     smem: u32,
-    params: &DecodeParams,
+    params: &P,
 ) -> Result<()> {
     stream
         .context()
         .bind_to_thread()
         .map_err(Error::driver("bind the context"))?;
-    let mut args = [params as *const DecodeParams as *mut c_void];
-    // SAFETY: every kernel of this crate takes exactly one `DecodeParams` by value (the struct
-    // of `kernels/params.cuh`, size checked on both sides); `args` holds its address and
-    // outlives the call, which copies it. The addresses in it were checked by the plan
-    // (shapes, strides, bounds of every view) and by the backend (alignment); the kernels
-    // bound-check every block id they read. The workspace views lie inside the workspace
-    // allocation, sized for this plan. `func` belongs to the stream's context, bound above.
+    let mut args = [params as *const P as *mut c_void];
+    // SAFETY: every kernel of this crate takes exactly one parameter struct by value, and
+    // `P: KernelParams` is its mirror; `args` holds its address and outlives the call, which
+    // copies it. The addresses in it were checked by the code that filled it (see
+    // KernelParams: shapes, strides, bounds, alignment, buffer sizes); the kernels bound-check
+    // every block id they read. `func` belongs to the stream's context, bound above.
     unsafe {
         cudarc::driver::result::launch_kernel(
             func.cu_function(),
             (grid.0, grid.1, 1),
-            (threads, 1, 1),
+            (block.0, block.1, 1),
             smem,
             stream.cu_stream(),
             &mut args,

@@ -414,14 +414,14 @@ impl CudaBackend {
             &self.stream,
             &f,
             (grid_x, splits),
-            k.decode.threads(),
+            (k.decode.threads(), 1),
             k.decode.smem_bytes() as u32,
             &params,
         )?;
         if plan.num_kv_splits > 1 {
             let f = self.kernel(k.combine)?.clone();
             let grid = (plan.rows as u32, plan.heads.div_ceil(4) as u32);
-            ffi::launch(&self.stream, &f, grid, k.combine.threads(), 0, &params)?;
+            ffi::launch(&self.stream, &f, grid, (k.combine.threads(), 1), 0, &params)?;
         }
         Ok(())
     }
@@ -459,7 +459,7 @@ pub(crate) fn load_module(
 }
 
 /// The device address of a slice we own (event tracking is off: ordering is by our stream).
-fn address<T>(slice: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+pub(crate) fn address<T>(slice: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     slice.device_ptr(stream).0
 }
 
