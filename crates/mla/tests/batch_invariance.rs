@@ -3,45 +3,18 @@
 
 mod common;
 
-use common::{Case, spec};
+use common::{Case, first_difference, request_alone, spec};
 use mla::synth::{Outputs, Problem};
-use mla::{DecodeInputs, Device, Mask, MlaDecode, Query, TensorRef};
+use mla::{Device, Mask, MlaDecode};
 use proptest::prelude::*;
 
 /// Runs request `i` of a problem alone: same q rows, cache, block-table row and length.
 fn run_alone(dec: &mut MlaDecode, p: &Problem, i: usize) -> (Vec<f32>, Vec<f32>) {
-    let (h, d, q_len) = (p.spec.heads, p.head_dim(), p.spec.query_len);
-    let full = p.inputs().unwrap();
-    let inputs = DecodeInputs {
-        q: Query::Packed(
-            p.q.view(i * q_len * h * d, [q_len, h, d], [h * d, d, 1])
-                .unwrap(),
-        ),
-        block_table: TensorRef::contiguous(
-            &p.block_table[i * p.max_blocks..(i + 1) * p.max_blocks],
-            [1, p.max_blocks],
-        )
-        .unwrap(),
-        seq_lens: TensorRef::contiguous(&p.seq_lens[i..i + 1], [1]).unwrap(),
-        ..full
-    };
-    let mut alone = Problem {
-        spec: p.spec.clone(),
-        ..p.clone()
-    };
-    alone.spec.seq_lens = vec![p.spec.seq_lens[i]];
-    let mut out = Outputs::poisoned(&alone);
+    let inputs = request_alone(&p.inputs().unwrap(), i);
+    let shape = [p.spec.query_len, p.spec.heads, p.spec.kv_lora_rank];
+    let mut out = Outputs::poisoned_shape(p.spec.model_dtype, shape);
     dec.forward(&inputs, &mut out.views().unwrap()).unwrap();
     (out.o.to_f32(), out.lse)
-}
-
-/// (index, batch value, alone value, values that differ) of the first bitwise difference.
-fn first_difference(a: &[f32], b: &[f32]) -> Option<(usize, f32, f32, usize)> {
-    assert_eq!(a.len(), b.len());
-    let differ = |(x, y): (&f32, &f32)| x.to_bits() != y.to_bits();
-    let count = a.iter().zip(b).filter(|&p| differ(p)).count();
-    let i = a.iter().zip(b).position(differ)?;
-    Some((i, a[i], b[i], count))
 }
 
 fn check(case: &Case) -> Result<(), TestCaseError> {

@@ -7,7 +7,7 @@ mod common;
 use common::gpu::{self, DeviceOutputs};
 use common::{Case, spec};
 use mla::synth::Problem;
-use mla::{DecodeInputs, KvFormat, Mask, MlaConfig, ModelDtype, Query, TensorRef};
+use mla::{KvFormat, Mask, MlaConfig, ModelDtype};
 use proptest::prelude::*;
 
 fn check(case: &Case) {
@@ -125,36 +125,20 @@ fn batch_invariant_rows_are_bitwise_independent_of_the_batch() {
     let s = gpu::stream(&dec);
     let p = Problem::generate(&case.spec).unwrap();
     let dp = p.to_device(&s).unwrap();
-    let (h, d, l, q_len, mb) = (128, 576, 512, 2, p.max_blocks);
+    let (h, l, q_len) = (p.spec.heads, p.spec.kv_lora_rank, p.spec.query_len);
+    let all = dp.inputs(&p, false).unwrap();
     for i in 0..p.seq_lens.len() {
         // Request i alone: its q rows, its block-table row, its length, the same cache.
-        let table = s.clone_htod(&p.block_table[i * mb..(i + 1) * mb]).unwrap();
-        let lens = s.clone_htod(&p.seq_lens[i..i + 1]).unwrap();
-        let inputs = DecodeInputs {
-            q: Query::Packed(
-                dp.q.flat()
-                    .unwrap()
-                    .sub_view(i * q_len * h * d, [q_len, h, d], [h * d, d, 1])
-                    .unwrap(),
-            ),
-            block_table: TensorRef::from_cuda(&table, [1, mb], [mb, 1]).unwrap(),
-            seq_lens: TensorRef::from_cuda(&lens, [1], [1]).unwrap(),
-            ..dp.inputs(&p, false).unwrap()
-        };
+        let inputs = common::request_alone(&all, i);
         let mut out = DeviceOutputs::with_shape(&s, ModelDtype::Bf16, [q_len, h, l]).unwrap();
         dec.forward(&inputs, &mut out.views().unwrap()).unwrap();
         dec.check_device_errors().unwrap();
         let (o1, lse1) = out.download(&s).unwrap();
         let r = i * q_len;
-        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(
-            same(&full.o[r * h * l..(r + q_len) * h * l], &o1),
-            "o of request {i} differs alone"
-        );
-        assert!(
-            same(&full.lse[r * h..(r + q_len) * h], &lse1),
-            "lse of request {i} differs alone"
-        );
+        let diff = common::first_difference(&full.o[r * h * l..(r + q_len) * h * l], &o1);
+        assert!(diff.is_none(), "o of request {i} differs alone: {diff:?}");
+        let diff = common::first_difference(&full.lse[r * h..(r + q_len) * h], &lse1);
+        assert!(diff.is_none(), "lse of request {i} differs alone: {diff:?}");
     }
 }
 

@@ -400,9 +400,14 @@ impl Outputs {
     /// NaN-filled outputs for a problem.
     pub fn poisoned(p: &Problem) -> Outputs {
         let shape = [p.rows(), p.spec.heads, p.spec.kv_lora_rank];
+        Outputs::poisoned_shape(p.spec.model_dtype, shape)
+    }
+
+    /// NaN-filled outputs of `[rows, heads, L]` (o in `dtype`) and `[rows, heads]`.
+    pub fn poisoned_shape(dtype: ModelDtype, shape: [usize; 3]) -> Outputs {
         let n = shape.iter().product::<usize>();
         Outputs {
-            o: HalfBuf::new(p.spec.model_dtype, (0..n).map(|_| f32::NAN)),
+            o: HalfBuf::new(dtype, (0..n).map(|_| f32::NAN)),
             lse: vec![f32::NAN; shape[0] * shape[1]],
             shape,
         }

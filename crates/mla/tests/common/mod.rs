@@ -8,7 +8,7 @@ pub mod gpu;
 
 use mla::reference::{self, Accuracy};
 use mla::synth::{Outputs, Problem, ProblemSpec};
-use mla::{Device, KvFormat, Mask, MlaConfig, MlaDecode, ModelDtype};
+use mla::{DecodeInputs, Device, KvFormat, Mask, MlaConfig, MlaDecode, ModelDtype, Query};
 
 /// `||o - ref|| / ||ref||` with a bf16 or f16 query.
 pub const O_TOL: f64 = 5e-3;
@@ -48,6 +48,37 @@ impl Case {
         c.split_units = self.split_units;
         c
     }
+}
+
+/// Request `i` of a batch's inputs on its own: its `query_len` q rows, its block-table row
+/// and its length, the same cache; views into the same memory (host or device), no copies.
+/// Needs a packed q.
+pub fn request_alone<'a>(full: &DecodeInputs<'a>, i: usize) -> DecodeInputs<'a> {
+    let q_len = full.query_len;
+    let mb = full.block_table.shape()[1];
+    let Query::Packed(q) = &full.q else {
+        panic!("request_alone needs a packed q");
+    };
+    let [_, h, d] = q.shape();
+    DecodeInputs {
+        q: Query::Packed(
+            q.sub_view(i * q_len * q.strides()[0], [q_len, h, d], q.strides())
+                .unwrap(),
+        ),
+        block_table: full.block_table.sub_view(i * mb, [1, mb], [mb, 1]).unwrap(),
+        seq_lens: full.seq_lens.sub_view(i, [1], [1]).unwrap(),
+        ..*full
+    }
+}
+
+/// (index, first value, second value, values that differ) of the first bitwise difference
+/// of two equally long slices; None when they are bitwise equal.
+pub fn first_difference(a: &[f32], b: &[f32]) -> Option<(usize, f32, f32, usize)> {
+    assert_eq!(a.len(), b.len());
+    let differ = |(x, y): (&f32, &f32)| x.to_bits() != y.to_bits();
+    let count = a.iter().zip(b).filter(|&p| differ(p)).count();
+    let i = a.iter().zip(b).position(differ)?;
+    Some((i, a[i], b[i], count))
 }
 
 /// vLLM's name for a cache format.
