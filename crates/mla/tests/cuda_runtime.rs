@@ -401,17 +401,19 @@ fn configurations_the_kernels_cannot_index_are_refused_when_opened() {
         "{e}"
     );
     // An L the kernels do not tile.
-    let mut cfg = mla::MlaConfig::new(16, 0.1);
-    cfg.kv_lora_rank = 192;
-    let e = gpu::open_err(&cfg).expect("a GPU was found above");
-    assert!(
-        matches!(
-            e,
-            Error::InvalidConfig {
-                field: "kv_lora_rank",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    for l in [100, 192] {
+        let mut cfg = mla::MlaConfig::new(16, 0.1);
+        cfg.kv_lora_rank = l;
+        let e = gpu::open_err(&cfg).expect("a GPU was found above");
+        assert!(
+            matches!(
+                e,
+                Error::InvalidConfig {
+                    field: "kv_lora_rank",
+                    ..
+                }
+            ),
+            "L = {l}: {e}"
+        );
+    }
 }
