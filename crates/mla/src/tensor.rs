@@ -89,9 +89,32 @@ pub struct TensorMut<'a, const N: usize> {
     strides: [usize; N],
 }
 
-/// dtype, shape, strides and location accessors, the same for both view kinds.
+/// dtype, shape, strides and location accessors, and the device-view constructor, the same
+/// for both view kinds (`$data`: the kind's data enum).
 macro_rules! layout_accessors {
-    () => {
+    ($data:ident) => {
+        /// A view of device memory of at least `len` elements at `ptr` on device `ordinal`.
+        fn device_view(
+            len: usize,
+            ptr: u64,
+            ordinal: usize,
+            dtype: DType,
+            shape: [usize; N],
+            strides: [usize; N],
+        ) -> Result<Self> {
+            check_fits(len, shape, strides).map_err(|r| Error::memory("tensor", r))?;
+            Ok(Self {
+                data: $data::Device {
+                    ptr,
+                    ordinal,
+                    _owner: std::marker::PhantomData,
+                },
+                dtype,
+                shape,
+                strides,
+            })
+        }
+
         /// Where the data is.
         pub fn location(&self) -> Location {
             self.data
@@ -247,7 +270,7 @@ impl<'a, const N: usize> TensorRef<'a, N> {
         })
     }
 
-    layout_accessors!();
+    layout_accessors!(Data);
 
     /// A view of device memory.
     ///
@@ -267,17 +290,7 @@ impl<'a, const N: usize> TensorRef<'a, N> {
         shape: [usize; N],
         strides: [usize; N],
     ) -> Result<Self> {
-        check_fits(usize::MAX, shape, strides).map_err(|r| Error::memory("tensor", r))?;
-        Ok(TensorRef {
-            data: Data::Device {
-                ptr,
-                ordinal,
-                _owner: std::marker::PhantomData,
-            },
-            dtype,
-            shape,
-            strides,
-        })
+        Self::device_view(usize::MAX, ptr, ordinal, dtype, shape, strides)
     }
 
     /// The host bytes, from the first element; None for device memory.
@@ -326,7 +339,7 @@ impl<'a, const N: usize> TensorMut<'a, N> {
         Self::from_host(data, shape, contiguous_strides(shape))
     }
 
-    layout_accessors!();
+    layout_accessors!(DataMut);
 
     /// A writable view of device memory.
     ///
@@ -344,17 +357,7 @@ impl<'a, const N: usize> TensorMut<'a, N> {
         shape: [usize; N],
         strides: [usize; N],
     ) -> Result<Self> {
-        check_fits(usize::MAX, shape, strides).map_err(|r| Error::memory("tensor", r))?;
-        Ok(TensorMut {
-            data: DataMut::Device {
-                ptr,
-                ordinal,
-                _owner: std::marker::PhantomData,
-            },
-            dtype,
-            shape,
-            strides,
-        })
+        Self::device_view(usize::MAX, ptr, ordinal, dtype, shape, strides)
     }
 
     /// The host data as `T`; None for device memory or another dtype.
@@ -383,19 +386,10 @@ mod cuda_views {
             T: Element + DeviceRepr,
             S: DevicePtr<T>,
         {
-            check_fits(slice.len(), shape, strides).map_err(|r| Error::memory("tensor", r))?;
             let stream = slice.stream();
             let (ptr, _record) = slice.device_ptr(stream);
-            Ok(TensorRef {
-                data: Data::Device {
-                    ptr,
-                    ordinal: stream.context().ordinal(),
-                    _owner: std::marker::PhantomData,
-                },
-                dtype: T::DTYPE,
-                shape,
-                strides,
-            })
+            let ordinal = stream.context().ordinal();
+            Self::device_view(slice.len(), ptr, ordinal, T::DTYPE, shape, strides)
         }
     }
 
@@ -413,19 +407,11 @@ mod cuda_views {
             T: Element + DeviceRepr,
             S: DevicePtrMut<T>,
         {
-            check_fits(slice.len(), shape, strides).map_err(|r| Error::memory("tensor", r))?;
+            let len = slice.len();
             let stream = slice.stream().clone();
             let (ptr, _record) = slice.device_ptr_mut(&stream);
-            Ok(TensorMut {
-                data: DataMut::Device {
-                    ptr,
-                    ordinal: stream.context().ordinal(),
-                    _owner: std::marker::PhantomData,
-                },
-                dtype: T::DTYPE,
-                shape,
-                strides,
-            })
+            let ordinal = stream.context().ordinal();
+            Self::device_view(len, ptr, ordinal, T::DTYPE, shape, strides)
         }
     }
 }
