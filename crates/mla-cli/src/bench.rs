@@ -208,11 +208,17 @@ pub struct Timed {
     pub secs: f64,
 }
 
-fn measure(case: &Case, backend: BackendArg, iters: usize, seed: u64) -> mla::Result<Measured> {
+/// A case's decoder configuration (DeepSeek's scale) and its cache dtype.
+fn config(case: &Case) -> mla::Result<(MlaConfig, CacheDtype)> {
     let cache = cache_dtype(&case.kv_dtype)?;
     let mut cfg = MlaConfig::new(case.heads, 192f32.powf(-0.5));
     cfg.kv_cache_dtype = cache;
     cfg.sliding_window = case.window;
+    Ok((cfg, cache))
+}
+
+fn measure(case: &Case, backend: BackendArg, iters: usize, seed: u64) -> mla::Result<Measured> {
+    let (cfg, cache) = config(case)?;
     let mut dec = MlaDecode::new(&cfg, backend.device())?;
     let problem = generate(case, cache, seed)?;
 
@@ -269,10 +275,7 @@ fn run_dcp(args: &BenchArgs, world: usize) -> mla::Result<()> {
 
     let case = args.case();
     let iters = args.iters.unwrap_or(20);
-    let cache = cache_dtype(&case.kv_dtype)?;
-    let mut cfg = MlaConfig::new(case.heads, 192f32.powf(-0.5));
-    cfg.kv_cache_dtype = cache;
-    cfg.sliding_window = case.window;
+    let (cfg, cache) = config(&case)?;
     if let Err(why) = mla::dcp::available(world) {
         return Err(mla::Error::Nccl {
             op: "bench --dcp",
