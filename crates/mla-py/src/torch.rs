@@ -74,8 +74,8 @@ impl CudaTensor {
                 self.shape
             ))
         };
-        let shape: [usize; N] = self.shape.clone().try_into().map_err(|_| wrong())?;
-        let strides: [usize; N] = self.strides.clone().try_into().map_err(|_| wrong())?;
+        let shape: [usize; N] = self.shape.as_slice().try_into().map_err(|_| wrong())?;
+        let strides: [usize; N] = self.strides.as_slice().try_into().map_err(|_| wrong())?;
         Ok((shape, strides))
     }
 
