@@ -289,7 +289,7 @@ impl DecodePlan {
             (true, None) => inputs.k_scale,
         };
         let host_max = match inputs.seq_lens.host_slice::<i32>() {
-            Some(lens) => Some(max_seq_len(lens)?),
+            Some(lens) => Some(max_seq_len(lens, max_blocks, page_size)?),
             None => None,
         };
         let max_seq =
@@ -358,10 +358,22 @@ pub fn decode_workspace(
 }
 
 /// The longest length in host seq_lens; an error for a negative one.
-fn max_seq_len(lens: &[i32]) -> Result<usize> {
+/// The longest of host lengths, each checked: not negative, not beyond the block table's
+/// `max_blocks` pages of `page_size` keys.
+fn max_seq_len(lens: &[i32], max_blocks: usize, page_size: usize) -> Result<usize> {
+    let capacity = max_blocks.saturating_mul(page_size);
     let mut max = 0usize;
     for (request, &len) in lens.iter().enumerate() {
         let len = usize::try_from(len).map_err(|_| Error::NegativeSeqLen { request, len })?;
+        if len > capacity {
+            return Err(Error::SeqLenBeyondBlockTable {
+                request,
+                len,
+                capacity,
+                max_blocks,
+                page_size,
+            });
+        }
         max = max.max(len);
     }
     Ok(max)
@@ -503,9 +515,18 @@ mod tests {
 
     #[test]
     fn negative_lengths_are_named() {
-        let e = max_seq_len(&[3, -2]).unwrap_err();
+        let e = max_seq_len(&[3, -2], 1, 16).unwrap_err();
         assert_eq!(e.to_string(), "seq_lens[1]: expected a length >= 0, got -2");
-        assert_eq!(max_seq_len(&[3, 9, 0]).unwrap(), 9);
-        assert_eq!(max_seq_len(&[]).unwrap(), 0);
+        assert_eq!(max_seq_len(&[3, 9, 0], 1, 16).unwrap(), 9);
+        assert_eq!(max_seq_len(&[], 1, 16).unwrap(), 0);
+        assert!(matches!(
+            max_seq_len(&[3, 17], 1, 16),
+            Err(Error::SeqLenBeyondBlockTable {
+                request: 1,
+                len: 17,
+                capacity: 16,
+                ..
+            })
+        ));
     }
 }
