@@ -109,13 +109,23 @@ if has bench; then
   note "bench: rc=$? (bench.txt)"
 fi
 
+# bench_row LABEL KERNEL DEFINES LOG BENCH-ARGS...: one `mla bench --json` case on the GPU with
+# MLA_KERNEL=KERNEL and MLA_EXTRA_DEFINES=DEFINES, appended to $out/LOG.txt as "LABEL JSON"
+# (the line compare_table.py reads); stderr to $out/LOG.err.
+bench_row() {
+  local label=$1 kernel=$2 defs=$3 log=$4 r
+  shift 4
+  r=$(MLA_KERNEL=$kernel MLA_EXTRA_DEFINES=$defs timeout "$limit" gpu-bin/mla bench --backend cuda \
+    --page 64 --iters 10 --json "$@" 2>> "$out/$log.err" | tail -n 1)
+  echo "$label $r" >> "$out/$log.txt"
+}
+
 if has compare; then
   # batch heads ctx kv-dtype [more bench arguments]: the two stage-1 kernels on the same problems.
   while read -r b h c kv extra; do
     for k in ${MLA_COMPARE_KERNELS:-mma wgmma}; do
-      r=$(MLA_KERNEL=$k timeout "$limit" gpu-bin/mla bench --backend cuda --batch "$b" --heads "$h" \
-        --ctx "$c" --page 64 --kv-dtype "$kv" $extra --iters 10 --json 2>> "$out/compare.err" | tail -n 1)
-      echo "$k $b $h $c $kv $r" >> "$out/compare.txt"
+      bench_row "$k $b $h $c $kv" "$k" "" compare --batch "$b" --heads "$h" --ctx "$c" \
+        --kv-dtype "$kv" $extra
     done
   done <<'CASES'
 128 128 4096 bf16
@@ -142,9 +152,8 @@ if has ablate; then
   for defs in "${sets[@]}"; do
     for shape in "64 64" "128 128" "1 128" "32 128"; do
       set -- $shape
-      r=$(MLA_KERNEL=wgmma MLA_EXTRA_DEFINES="$defs" timeout "$limit" gpu-bin/mla bench --backend cuda \
-        --batch "$1" --heads "$2" --ctx 4096 --page 64 --kv-dtype bf16 --iters 10 --json 2>> "$out/ablate.err" | tail -n 1)
-      echo "${defs:-base} $1 $2 4096 bf16 $r" >> "$out/ablate.txt"
+      bench_row "${defs:-base} $1 $2 4096 bf16" wgmma "$defs" ablate --batch "$1" --heads "$2" \
+        --ctx 4096 --kv-dtype bf16
     done
   done
   python3 scripts/gpu/compare_table.py "$out/ablate.txt"
