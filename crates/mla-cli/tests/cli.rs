@@ -17,6 +17,15 @@ fn mla_ok(args: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("utf-8 stdout")
 }
 
+/// stderr of an mla run that must fail as a usage error: exit code 2, no panic.
+fn mla_usage_err(args: &[&str]) -> String {
+    let out = mla(args);
+    assert_eq!(out.status.code(), Some(2), "mla {args:?}");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
 #[test]
 fn bench_json_reports_the_fields_the_anchors_script_reads() {
     let stdout = mla_ok(&[
@@ -79,26 +88,13 @@ fn bench_prints_a_table() {
 
 #[test]
 fn bad_arguments_are_errors_not_panics() {
-    let out = mla(&[
-        "bench",
-        "--batch",
-        "1",
-        "--heads",
-        "8",
-        "--ctx",
-        "100",
-        "--kv-dtype",
-        "fp4",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let small = ["bench", "--batch", "1", "--heads", "8", "--ctx", "100"];
+    let err = mla_usage_err(&[&small[..], &["--kv-dtype", "fp4"]].concat());
     assert!(err.contains("unknown name \"fp4\""), "{err}");
-    let out = mla(&["bench", "--batch", "1", "--heads", "8", "--page", "0"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("expected a whole number >= 1"));
-    let out = mla(&["bench", "--batch", "1", "--heads", "0", "--ctx", "100"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("num_heads"));
+    let err = mla_usage_err(&["bench", "--batch", "1", "--heads", "8", "--page", "0"]);
+    assert!(err.contains("expected a whole number >= 1"), "{err}");
+    let err = mla_usage_err(&["bench", "--batch", "1", "--heads", "0", "--ctx", "100"]);
+    assert!(err.contains("num_heads"), "{err}");
 }
 
 #[test]
@@ -119,8 +115,8 @@ fn cuda_backend_without_a_gpu_is_a_clear_error() {
     }
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("cuda") || err.contains("CUDA"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("cuda") || err.contains("CUDA"), "{err}");
 }
 
 #[test]
