@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use half::slice::HalfFloatSliceExt;
+
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use half::{bf16, f16};
 
@@ -55,18 +57,8 @@ impl DeviceHalf {
     pub fn download(&self, s: &Arc<CudaStream>) -> Result<Vec<f32>> {
         let d = Error::driver("copy to the host");
         Ok(match self {
-            DeviceHalf::Bf16(v) => s
-                .clone_dtoh(v)
-                .map_err(d)?
-                .iter()
-                .map(|x| x.to_f32())
-                .collect(),
-            DeviceHalf::F16(v) => s
-                .clone_dtoh(v)
-                .map_err(d)?
-                .iter()
-                .map(|x| x.to_f32())
-                .collect(),
+            DeviceHalf::Bf16(v) => s.clone_dtoh(v).map_err(d)?.to_f32_vec(),
+            DeviceHalf::F16(v) => s.clone_dtoh(v).map_err(d)?.to_f32_vec(),
         })
     }
 }

@@ -6,6 +6,7 @@
 pub mod device;
 
 use float8::{F8E4M3, F8E5M2};
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -167,8 +168,8 @@ impl HalfBuf {
     /// The values as f32.
     pub fn to_f32(&self) -> Vec<f32> {
         match self {
-            HalfBuf::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
-            HalfBuf::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            HalfBuf::Bf16(v) => v.to_f32_vec(),
+            HalfBuf::F16(v) => v.to_f32_vec(),
         }
     }
 }
