@@ -50,6 +50,13 @@ fn message(e: &Error) -> String {
     e.to_string()
 }
 
+/// The check of an error that matches a pattern.
+macro_rules! is {
+    ($p:pat) => {
+        |e: &Error| assert!(matches!(e, $p), "{e}")
+    };
+}
+
 /// The check of an error whose message is exactly `want`.
 fn msg(want: impl AsRef<str>) -> impl FnOnce(&Error) {
     move |e| assert_eq!(message(e), want.as_ref())
@@ -191,7 +198,7 @@ fn shapes_are_checked() {
     expect_err(
         &p,
         |i| i.q = Query::Packed(narrow),
-        |e| assert!(matches!(e, Error::Shape { arg: "q", .. })),
+        is!(Error::Shape { arg: "q", .. }),
     );
     let nope = p.q.view(0, [2, H, 512], [H * 576, 576, 1]).unwrap();
     let rope_rows = p.q.view(512, [1, H, 64], [H * 576, 576, 1]).unwrap();
@@ -294,15 +301,10 @@ fn strides_are_checked() {
     expect_err(
         &p,
         |i| i.seq_lens = strided,
-        |e| {
-            assert!(matches!(
-                e,
-                Error::Stride {
-                    arg: "seq_lens",
-                    ..
-                }
-            ))
-        },
+        is!(Error::Stride {
+            arg: "seq_lens",
+            ..
+        }),
     );
 }
 
@@ -393,15 +395,10 @@ fn query_len_must_match_the_rows() {
     expect_err(
         &p,
         |i| i.query_len = 0,
-        |e| {
-            assert!(matches!(
-                e,
-                Error::InvalidConfig {
-                    field: "query_len",
-                    ..
-                }
-            ))
-        },
+        is!(Error::InvalidConfig {
+            field: "query_len",
+            ..
+        }),
     );
 }
 
