@@ -29,12 +29,20 @@ fn expect_err<'a>(
     edit: impl FnOnce(&mut DecodeInputs<'a>),
     check: impl FnOnce(&Error),
 ) {
+    expect_err_on(&mut decoder(), p, edit, check);
+}
+
+/// [`expect_err`] on a given decoder.
+fn expect_err_on<'a>(
+    dec: &mut MlaDecode,
+    p: &'a Problem,
+    edit: impl FnOnce(&mut DecodeInputs<'a>),
+    check: impl FnOnce(&Error),
+) {
     let mut inputs = p.inputs().unwrap();
     edit(&mut inputs);
     let mut out = Outputs::poisoned(p);
-    let e = decoder()
-        .forward(&inputs, &mut out.views().unwrap())
-        .unwrap_err();
+    let e = dec.forward(&inputs, &mut out.views().unwrap()).unwrap_err();
     check(&e);
     assert!(
         out.lse.iter().all(|x| x.is_nan()),
@@ -653,37 +661,23 @@ fn a_k_scale_tensor_replaces_the_value_and_is_checked() {
     assert_eq!(by_value.o.to_f32(), by_tensor.o.to_f32());
     assert_eq!(by_value.lse, by_tensor.lse);
     // Checked like the value, and for dtype and shape.
-    let bad = [0.0f32];
-    let e = dec
-        .forward(
-            &DecodeInputs {
-                k_scale_tensor: Some(TensorRef::contiguous(&bad, [1]).unwrap()),
-                ..with_tensor
-            },
-            &mut by_tensor.views().unwrap(),
-        )
-        .unwrap_err();
-    assert!(matches!(e, Error::KScale(_)), "{e}");
-    let two = [0.5f32, 0.5];
-    let e = dec
-        .forward(
-            &DecodeInputs {
-                k_scale_tensor: Some(TensorRef::contiguous(&two, [2]).unwrap()),
-                ..with_tensor
-            },
-            &mut by_tensor.views().unwrap(),
-        )
-        .unwrap_err();
-    assert_eq!(message(&e), "k_scale: expected shape [1], got [2]");
-    let ints = [1i32];
-    let e = dec
-        .forward(
-            &DecodeInputs {
-                k_scale_tensor: Some(TensorRef::contiguous(&ints, [1]).unwrap()),
-                ..with_tensor
-            },
-            &mut by_tensor.views().unwrap(),
-        )
-        .unwrap_err();
-    assert_eq!(message(&e), "k_scale: expected dtype f32, got i32");
+    let (bad, two, ints) = ([0.0f32], [0.5f32, 0.5], [1i32]);
+    expect_err_on(
+        &mut dec,
+        &p,
+        |i| i.k_scale_tensor = Some(TensorRef::contiguous(&bad, [1]).unwrap()),
+        is!(Error::KScale(_)),
+    );
+    expect_err_on(
+        &mut dec,
+        &p,
+        |i| i.k_scale_tensor = Some(TensorRef::contiguous(&two, [2]).unwrap()),
+        msg("k_scale: expected shape [1], got [2]"),
+    );
+    expect_err_on(
+        &mut dec,
+        &p,
+        |i| i.k_scale_tensor = Some(TensorRef::contiguous(&ints, [1]).unwrap()),
+        msg("k_scale: expected dtype f32, got i32"),
+    );
 }
