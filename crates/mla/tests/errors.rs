@@ -7,7 +7,7 @@ use half::bf16;
 use mla::synth::{Outputs, Problem, ProblemSpec};
 use mla::{
     CacheDtype, DecodeInputs, DecodeOutputs, Device, Error, KvFormat, Mask, MlaConfig, MlaDecode,
-    Query, TensorMut, TensorRef,
+    ModelDtype, Query, TensorMut, TensorRef,
 };
 
 const H: usize = 4;
@@ -21,6 +21,17 @@ fn problem(lens: &[usize], q_len: usize) -> Problem {
 
 fn decoder() -> MlaDecode {
     MlaDecode::new(&MlaConfig::new(H, 0.1), Device::Cpu).unwrap()
+}
+
+/// An e4m3 problem (k_scale 0.5) of these lengths and a decoder for its cache.
+fn fp8(lens: Vec<usize>) -> (Problem, MlaDecode) {
+    let s = ProblemSpec::new(H, lens).with_format(ModelDtype::Bf16, KvFormat::Fp8E4m3);
+    let mut cfg = MlaConfig::new(H, 0.1);
+    cfg.kv_cache_dtype = CacheDtype::Fp8E4m3;
+    (
+        Problem::generate(&s).unwrap(),
+        MlaDecode::new(&cfg, Device::Cpu).unwrap(),
+    )
 }
 
 /// Runs forward with one input replaced, checks the error and that outputs stayed NaN.
@@ -137,13 +148,7 @@ fn output_dtypes_are_checked() {
 
 #[test]
 fn fp8_caches_accept_fp8_or_bytes_only() {
-    let mut s = ProblemSpec::new(H, vec![30]);
-    s.kv_format = KvFormat::Fp8E4m3;
-    s.k_scale = 0.5;
-    let p = Problem::generate(&s).unwrap();
-    let mut cfg = MlaConfig::new(H, 0.1);
-    cfg.kv_cache_dtype = CacheDtype::Fp8E4m3;
-    let mut dec = MlaDecode::new(&cfg, Device::Cpu).unwrap();
+    let (p, mut dec) = fp8(vec![30]);
     let mut out = Outputs::poisoned(&p);
     // As generated (f8e4m3) and the same bytes as u8 both work.
     let inputs = p.inputs().unwrap();
@@ -639,13 +644,7 @@ fn config_errors_surface_from_the_constructor() {
 
 #[test]
 fn a_k_scale_tensor_replaces_the_value_and_is_checked() {
-    let mut s = ProblemSpec::new(H, vec![70, 33]);
-    s.kv_format = KvFormat::Fp8E4m3;
-    s.k_scale = 0.5;
-    let p = Problem::generate(&s).unwrap();
-    let mut cfg = MlaConfig::new(H, 0.1);
-    cfg.kv_cache_dtype = CacheDtype::Fp8E4m3;
-    let mut dec = MlaDecode::new(&cfg, Device::Cpu).unwrap();
+    let (p, mut dec) = fp8(vec![70, 33]);
     let mut by_value = Outputs::poisoned(&p);
     dec.forward(&p.inputs().unwrap(), &mut by_value.views().unwrap())
         .unwrap();
