@@ -32,12 +32,6 @@ use crate::config::{DeviceInfo, ValidConfig};
 use crate::error::{Capability, Error, Result};
 use crate::plan::DecodePlan;
 
-/// A loaded kernel.
-#[derive(Debug)]
-struct Loaded {
-    func: CudaFunction,
-}
-
 /// The two kernels a configuration decodes with, chosen once by [`CudaBackend::configure`].
 #[derive(Debug, Clone, Copy)]
 struct ConfigKernels {
@@ -56,7 +50,7 @@ pub struct CudaBackend {
     ordinal: usize,
     target: Target,
     smem_limit: usize,
-    kernels: HashMap<Variant, Loaded>,
+    kernels: HashMap<Variant, CudaFunction>,
     /// What `configure` chose for the decoder's configuration.
     chosen: Option<ConfigKernels>,
     /// Variants built (compiled or read from disk) and loaded by this backend.
@@ -274,10 +268,10 @@ impl CudaBackend {
             let loaded = self.load(v)?;
             self.kernels.insert(v, loaded);
         }
-        Ok(&self.kernels[&v].func)
+        Ok(&self.kernels[&v])
     }
 
-    fn load(&mut self, v: Variant) -> Result<Loaded> {
+    fn load(&mut self, v: Variant) -> Result<CudaFunction> {
         // The backend keeps the build's report, not its bytes: the module takes them.
         let mut built = compile::build(&v, &self.target, true)?;
         let (cubin, from_disk) = (std::mem::take(&mut built.cubin), built.from_disk);
@@ -316,7 +310,7 @@ impl CudaBackend {
             .map_err(Error::driver("set the kernel's shared memory"))?;
         }
         self.builds.push(built);
-        Ok(Loaded { func })
+        Ok(func)
     }
 
     /// Resizes the workspace to `bytes` (only before the workspace is locked).
