@@ -216,8 +216,9 @@ impl MlaDecode {
     /// compiles; the CPU backend only checks the cache and reports the set.
     ///
     /// # Errors
-    /// [`Error::CacheDtypeMismatch`], and [`Error::Dtype`], [`Error::Shape`] or
-    /// [`Error::Stride`] for a cache this decoder cannot read (the checks of a decode),
+    /// [`Error::CacheDtypeMismatch`], and [`Error::WrongDevice`], [`Error::Dtype`],
+    /// [`Error::Shape`] or [`Error::Stride`] for a cache this decoder cannot read (the checks
+    /// of a decode),
     /// [`Error::NotReserved`].
     pub fn register_decode_warmup(
         &mut self,
@@ -232,7 +233,7 @@ impl MlaDecode {
                 got: kv_cache_dtype.to_string(),
             });
         }
-        plan::check_kv_cache(&self.config, kv_cache)?;
+        plan::check_kv_cache(&self.config, kv_cache, self.backend.location())?;
         let counts = self.warmup_split_counts()?;
         let max = counts.iter().copied().max().unwrap_or(1);
         self.backend.warmup(max)?;

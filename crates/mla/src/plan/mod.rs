@@ -142,24 +142,14 @@ impl DecodePlan {
                 dtype("q_pe", rope.dtype(), model)?;
             }
         }
-        check_kv_cache(cfg, &inputs.kv_cache)?;
+        check_kv_cache(cfg, &inputs.kv_cache, location)?;
         dtype("block_table", inputs.block_table.dtype(), DType::I32)?;
         dtype("seq_lens", inputs.seq_lens.dtype(), DType::I32)?;
         dtype("o", outputs.o.dtype(), model)?;
         dtype("lse", outputs.lse.dtype(), DType::F32)?;
 
         // 2. devices (q first, as the arguments come; nothing allocated on this path)
-        let on_device = |arg: &'static str, got: Location| {
-            if got == location {
-                Ok(())
-            } else {
-                Err(Error::WrongDevice {
-                    arg,
-                    expected: location.to_string(),
-                    got: got.to_string(),
-                })
-            }
-        };
+        let on_device = |arg: &'static str, got: Location| on_device(arg, got, location);
         match &inputs.q {
             Query::Packed(q) => on_device("q", q.location())?,
             Query::Split { nope, rope } => {
@@ -167,7 +157,6 @@ impl DecodePlan {
                 on_device("q_pe", rope.location())?;
             }
         }
-        on_device("kv_cache", inputs.kv_cache.location())?;
         on_device("block_table", inputs.block_table.location())?;
         on_device("seq_lens", inputs.seq_lens.location())?;
         on_device("o", outputs.o.location())?;
@@ -379,16 +368,32 @@ fn max_seq_len(lens: &[i32], max_blocks: usize, page_size: usize) -> Result<usiz
     Ok(max)
 }
 
-/// The cache checks a decode and its warmup share: the storage dtype of the configured
-/// format, the shape `[num_blocks >= 1, page_size >= 1, D]`, contiguous rows, and token and
-/// page strides under which no two keys overlap.
+/// An argument's memory must be where the backend runs.
+fn on_device(arg: &'static str, got: Location, want: Location) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::WrongDevice {
+            arg,
+            expected: want.to_string(),
+            got: got.to_string(),
+        })
+    }
+}
+
+/// The cache checks a decode and its warmup share: memory at `location` (the backend's),
+/// the storage dtype of the configured format, the shape `[num_blocks >= 1, page_size >= 1,
+/// D]`, contiguous rows, and token and page strides under which no two keys overlap.
 ///
 /// # Errors
-/// [`Error::Dtype`], [`Error::Shape`], [`Error::Stride`] for the argument `kv_cache`.
+/// [`Error::WrongDevice`], [`Error::Dtype`], [`Error::Shape`], [`Error::Stride`] for the
+/// argument `kv_cache`.
 pub(crate) fn check_kv_cache(
     cfg: &ValidConfig,
     kv: &crate::tensor::TensorRef<'_, 3>,
+    location: Location,
 ) -> Result<()> {
+    on_device("kv_cache", kv.location(), location)?;
     if !cfg.kv_format.accepts(kv.dtype()) {
         return Err(Error::Dtype {
             arg: "kv_cache",
@@ -504,6 +509,40 @@ fn stride(arg: &'static str, reason: &str, strides: &[usize], shape: &[usize]) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cache_is_checked_for_place_dtype_and_shape_before_anything_reads_it() {
+        use crate::config::{DeviceInfo, MlaConfig};
+        let cfg = MlaConfig::new(4, 0.1)
+            .validate(&DeviceInfo::Cpu { threads: 2 })
+            .unwrap();
+        let data = vec![half::bf16::ZERO; 2 * 16 * 576];
+        let kv = crate::tensor::TensorRef::contiguous(&data, [2, 16, 576]).unwrap();
+        check_kv_cache(&cfg, &kv, Location::Host).unwrap();
+        let e = check_kv_cache(&cfg, &kv, Location::Cuda(0)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::WrongDevice {
+                    arg: "kv_cache",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let narrow = kv.sub_view(0, [2, 16, 512], [16 * 576, 576, 1]).unwrap();
+        let e = check_kv_cache(&cfg, &narrow, Location::Host).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Shape {
+                    arg: "kv_cache",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
 
     #[test]
     fn workspace_matches_the_seed_size_plus_alignment() {
