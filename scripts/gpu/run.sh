@@ -69,7 +69,7 @@ if has tests; then
   note "sass: $(wc -l < "$out/sass.txt" 2>/dev/null || echo 0) cubins with HGMMA"
 fi
 
-# A kernel variant under trial (MLA_TRY_DEFINES, e.g. -DMLA_CHUNKED), on the wgmma kernel:
+# A kernel variant under trial (MLA_TRY_DEFINES: the -D defines that switch it on), on the wgmma kernel:
 # its tests. Only a trial whose tests passed (try_ok) joins the sanitizer and ablate steps
 # (`run.sh try memcheck racecheck ablate`): an untested one may hang.
 try_ok=0
