@@ -18,6 +18,7 @@
  * block (64, 4): one head per y, each x-thread 8 columns (one 16-byte load) at a time.
  * Compile-time configuration: MODEL_BF16 (1: bf16, 0: f16).
  */
+#include "common/half.cuh"
 #include "dcp/params.cuh"
 
 namespace {
@@ -25,34 +26,7 @@ constexpr bool BF16 = MODEL_BF16 != 0;
 constexpr int COLS = 8;  // model-dtype values per 16-byte load
 constexpr int LANES = 64;
 
-struct __align__(16) u32x4 {
-    u32 x, y, z, w;
-};
-struct __align__(16) f32x4 {
-    float x, y, z, w;
-};
-
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-
-/// A 16-bit pattern of the model dtype as f32 (exact).
-__device__ __forceinline__ float half_to_float(u32 h) {
-    if (BF16) return __int_as_float((int)(h << 16));
-    float f;
-    const u16 s = (u16)h;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(s));
-    return f;
-}
-
-/// Two f32 rounded to nearest even into the model dtype, `lo` in the low half.
-__device__ __forceinline__ u32 pack2(float lo, float hi) {
-    u32 r;
-    if (BF16) {
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    } else {
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    }
-    return r;
-}
 
 /// Eight model-dtype values (16 bytes) as f32.
 __device__ __forceinline__ void load8(const void* src, float v[COLS]) {
@@ -60,14 +34,14 @@ __device__ __forceinline__ void load8(const void* src, float v[COLS]) {
     const u32 w[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        v[2 * i] = half_to_float(w[i] & 0xffffu);
-        v[2 * i + 1] = half_to_float(w[i] >> 16);
+        v[2 * i] = half_to_float<BF16>(w[i] & 0xffffu);
+        v[2 * i + 1] = half_to_float<BF16>(w[i] >> 16);
     }
 }
 
 /// Eight f32 rounded into the model dtype (one 16-byte store).
 __device__ __forceinline__ void store8(void* dst, const float v[COLS]) {
-    *(u32x4*)dst = {pack2(v[0], v[1]), pack2(v[2], v[3]), pack2(v[4], v[5]), pack2(v[6], v[7])};
+    *(u32x4*)dst = {pack2<BF16>(v[0], v[1]), pack2<BF16>(v[2], v[3]), pack2<BF16>(v[4], v[5]), pack2<BF16>(v[6], v[7])};
 }
 
 /// lse = m + log(sum_r e^(lse_r - m)) over `n` values `stride` apart; -inf when all are.

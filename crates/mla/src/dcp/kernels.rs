@@ -10,12 +10,18 @@ use crate::backend::cuda::load_module;
 use crate::dtype::ModelDtype;
 use crate::error::{Error, Result};
 
-/// The source and its header.
+/// The source and its headers.
 const SOURCE: &str = include_str!("../../kernels/dcp/kernel.cu");
-const HEADERS: [(&str, &str); 1] = [(
-    "dcp/params.cuh",
-    include_str!("../../kernels/dcp/params.cuh"),
-)];
+const HEADERS: [(&str, &str); 2] = [
+    (
+        "dcp/params.cuh",
+        include_str!("../../kernels/dcp/params.cuh"),
+    ),
+    (
+        "common/half.cuh",
+        include_str!("../../kernels/common/half.cuh"),
+    ),
+];
 
 /// The kernels of the family, in the order the loaded family holds them.
 pub const ENTRIES: [&str; 5] = [

@@ -10,8 +10,12 @@ use std::fmt;
 use crate::dtype::{KvFormat, ModelDtype};
 
 /// Every kernel source, by the name the `#include` lines use.
-pub const HEADERS: [(&str, &str); 6] = [
+pub const HEADERS: [(&str, &str); 7] = [
     ("params.cuh", include_str!("../../../kernels/params.cuh")),
+    (
+        "common/half.cuh",
+        include_str!("../../../kernels/common/half.cuh"),
+    ),
     (
         "common/ptx.cuh",
         include_str!("../../../kernels/common/ptx.cuh"),
