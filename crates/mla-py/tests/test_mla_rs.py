@@ -51,7 +51,6 @@ def test_the_drop_in_refuses_what_is_not_mla():
         mla_rs.decode_attention_fwd(None, None, None, None, None, None, None, None, 4, SCALE, logit_cap=30.0, is_mla=True)
 
 
-@pytest.mark.skipif(HAS_GPU, reason="checks the message on machines without a GPU")
 def test_the_drop_in_compares_scales_without_reading_them_when_it_can():
     from mla_rs.vllm import _same_scale
 
@@ -61,6 +60,7 @@ def test_the_drop_in_compares_scales_without_reading_them_when_it_can():
     assert not _same_scale(0.5, 0.25)
 
 
+@pytest.mark.skipif(HAS_GPU, reason="checks the message on machines without a GPU")
 def test_a_gpu_call_without_a_gpu_says_so():
     with pytest.raises(RuntimeError, match="no usable CUDA device"):
         mla_rs.MlaDecode(16, SCALE).reserve_workspace(4, 1024)
