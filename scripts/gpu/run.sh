@@ -3,7 +3,7 @@
 # (scripts/gpu/build.sh) and optionally .anchors/ carried. Writes every log into $OUT (the
 # folder that comes back), or ./results when $OUT is unset. The last lines printed are a
 # summary.
-#   scripts/gpu/run.sh [all|tests|try|memcheck|racecheck|pytest|bench|compare|ablate|profile|dcp|anchors] ...
+#   scripts/gpu/run.sh [all|tests|try|memcheck|racecheck|pytest|bench|compare|ablate|profile|dcp|mtp|anchors] ...
 # `ablate` times the wgmma kernel with parts switched off (MLA_EXTRA_DEFINES, see
 # kernels/decode_wgmma/NOTES.md); `dcp` runs the two-GPU DCP test and `mla bench --dcp 2`
 # (needs two GPUs).
@@ -139,6 +139,10 @@ if has compare; then
 64 32 4096 fp8
 64 128 4096 bf16 --query-len 2
 64 16 8192 bf16 --query-len 4 --causal false
+64 16 8192 bf16 --query-len 4
+64 16 8192 bf16 --query-len 2
+4 16 8192 bf16 --query-len 4
+64 16 8192 fp8 --query-len 4
 CASES
   python3 scripts/gpu/compare_table.py "$out/compare.txt"
 fi
@@ -184,6 +188,15 @@ if has profile; then
     --page 64 --kv-dtype bf16 --iters 1 > "$out/ncu.txt" 2>&1
   note "profile: rc=$? (ncu.txt)"
   grep -E "Duration|Throughput|Pipe|Stall|Issued|Eligible|Active Warps|L2 Hit|Registers|Shared Memory Config" "$out/ncu.txt" | head -n 40
+fi
+
+if has mtp && [ -f .anchors/anchors.py ]; then
+  # Multi-token (causal, 2 and 4 tokens a request) side by side with FlashMLA and FA3.
+  PYTHONUNBUFFERED=1 timeout "$limit" python3 scripts/gpu/anchors_mtp.py --ref .anchors \
+    --out "$out/anchors-mtp.json" > "$out/anchors-mtp.txt" 2>&1
+  note "anchors mtp: rc=$? (anchors-mtp.txt)"
+  tail -n 20 "$out/anchors-mtp.txt"
+  cp "$out/anchors-mtp.json" "$final/" 2>/dev/null
 fi
 
 if has anchors && [ -f .anchors/anchors.py ]; then

@@ -47,7 +47,7 @@ pub fn run(args: &InfoArgs) -> Result<(), mla::Error> {
     for rows in [1, 8, 64] {
         println!(
             "  {rows:>3} rows   {}",
-            row(&|l| dec.num_kv_splits(l, rows))
+            row(&|l| dec.num_kv_splits(l, rows, 1))
         );
     }
     Ok(())

@@ -36,6 +36,8 @@ struct DecodeParams {
     int window;               // sliding window in keys; 0: none
     float scale_log2;         // softmax scale * log2(e): scores go to base 2 with the scale folded in
     float k_scale;            // fp8 caches: value = decoded * k_scale
+    int tokens_per_cta;       // query tokens of one request a CTA takes (decode_wgmma packs the
+                              // tokens of few-head decodes into its 64 rows; 1 otherwise)
     const float* k_scale_ptr; // when not null, k_scale is read here (on the device, so a captured
                               // graph sees a new scale); may be null
 };

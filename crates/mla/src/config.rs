@@ -176,10 +176,11 @@ impl MlaConfig {
         let split_rule = match device {
             _ if self.batch_invariant => SplitRule::Single,
             DeviceInfo::Cpu { .. } => SplitRule::Vllm { sm_count },
-            DeviceInfo::Cuda { .. } => SplitRule::Fill {
+            DeviceInfo::Cuda { capability, .. } => SplitRule::Fill {
                 sm_count,
                 kv_lora_rank: self.kv_lora_rank,
                 max_splits: 64,
+                wgmma: capability.major == 9 && capability.minor == 0,
             },
         };
         Ok(ValidConfig {
@@ -327,9 +328,9 @@ impl ValidConfig {
 
     /// Splits per row for `rows` query rows whose longest length is `max_seq` (1 in
     /// batch-invariant mode, whose rule is [`SplitRule::Single`]).
-    pub fn splits(&self, max_seq: usize, rows: usize) -> usize {
+    pub fn splits(&self, max_seq: usize, rows: usize, query_len: usize) -> usize {
         self.split_rule
-            .splits(self.span(max_seq), rows, self.q_heads)
+            .splits(self.span(max_seq), rows, query_len, self.q_heads)
     }
 }
 

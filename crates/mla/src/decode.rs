@@ -85,9 +85,10 @@ impl MlaDecode {
         self.backend.name()
     }
 
-    /// What computes stage 1: `cpu`, or the CUDA kernel's entry point (`mla_decode_split`
-    /// for the mma.sync family, `mla_decode_wgmma` on Hopper), so that a measurement can say
-    /// which kernel it timed.
+    /// What computed stage 1 of the last decode: `cpu`, or the CUDA kernel's entry point
+    /// (`mla_decode_split` for the mma.sync family, `mla_decode_wgmma` on Hopper; before any
+    /// decode, the one a single-token decode launches), so that a measurement can say which
+    /// kernel it timed.
     pub fn kernel_name(&self) -> &'static str {
         #[cfg(feature = "cuda")]
         if let Some(v) = self.cuda_backend().and_then(|c| c.decode_variant()) {
@@ -154,11 +155,11 @@ impl MlaDecode {
         self.backend.check_errors()
     }
 
-    /// The split count a batch of `rows` query rows whose longest length is `max_kv_len` gets
-    /// (vLLM's rule on the CPU, the fill rule on a GPU; clamped to the window; 1 in
-    /// batch-invariant mode).
-    pub fn num_kv_splits(&self, max_kv_len: usize, rows: usize) -> usize {
-        self.config.splits(max_kv_len, rows)
+    /// The split count a batch of `rows` query rows (`query_len` a request) whose longest
+    /// length is `max_kv_len` gets (vLLM's rule on the CPU, the fill rule on a GPU; clamped
+    /// to the window; 1 in batch-invariant mode).
+    pub fn num_kv_splits(&self, max_kv_len: usize, rows: usize, query_len: usize) -> usize {
+        self.config.splits(max_kv_len, rows, query_len)
     }
 
     /// Reserves the workspace for the worst case: `max_rows` query rows (max sequences times

@@ -188,16 +188,19 @@ fn bad_values_raise_the_device_flag_and_are_never_read() {
 }
 
 #[test]
-fn hopper_decodes_many_heads_with_wgmma() {
-    // What each head count builds on this device; on sm_90a, 64 and 128 heads must take the
-    // wgmma kernel, whatever the cache (unless MLA_KERNEL=mma asks otherwise).
-    for (heads, kv, dtype) in [
-        (128, KvFormat::Bf16, CacheDtype::Auto),
-        (64, KvFormat::Bf16, CacheDtype::Auto),
-        (16, KvFormat::Bf16, CacheDtype::Auto),
-        (128, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3),
+fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
+    // What warmup builds and what each decode launches on this device. On sm_90a, 64 and 128
+    // heads take the wgmma kernel whatever the cache; 16 heads take mma.sync for one token a
+    // request and the wgmma kernel, tokens packed, for two or more (warmup builds both).
+    // MLA_KERNEL=mma|wgmma forces a family.
+    for (heads, kv, dtype, q_len) in [
+        (128, KvFormat::Bf16, CacheDtype::Auto, 1),
+        (64, KvFormat::Bf16, CacheDtype::Auto, 1),
+        (16, KvFormat::Bf16, CacheDtype::Auto, 1),
+        (16, KvFormat::Bf16, CacheDtype::Auto, 4),
+        (128, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 1),
     ] {
-        let mut s = spec(heads, 64, &[1000], 1, Mask::Causal);
+        let mut s = spec(heads, 64, &[1000, 37], q_len, Mask::Causal);
         s.kv_format = kv;
         let case = Case::new(s);
         let Some(mut dec) = gpu::open(&case.config()) else {
@@ -206,33 +209,43 @@ fn hopper_decodes_many_heads_with_wgmma() {
         let st = gpu::stream(&dec);
         let p = Problem::generate(&case.spec).unwrap();
         let dp = p.to_device(&st).unwrap();
-        dec.reserve_workspace(1, 1000).unwrap();
+        dec.reserve_workspace(2 * q_len, 1000).unwrap();
         dec.register_decode_warmup(&dp.inputs(&p, false).unwrap().kv_cache, dtype)
             .unwrap();
         let cuda = dec.cuda_backend().unwrap();
         let families: Vec<Family> = cuda.builds().iter().map(|b| b.variant.family).collect();
         println!(
-            "{heads} heads, {kv:?}: {families:?} on {}",
+            "{heads} heads, {kv:?}, {q_len} tokens: {families:?} on {}",
             cuda.target().arch
         );
         let hopper = cuda.target().wgmma();
-        let expect_wgmma = match std::env::var("MLA_KERNEL").as_deref() {
-            Ok("mma") => false,
-            Ok("wgmma") => hopper,
-            _ => hopper && heads >= registry::WGMMA_MIN_HEADS,
+        let forced = std::env::var("MLA_KERNEL");
+        let (wgmma_built, mma_built, launches_wgmma) = match forced.as_deref() {
+            Ok("mma") => (false, true, false),
+            Ok("wgmma") => (hopper, !hopper, hopper),
+            _ => {
+                let many = heads >= registry::WGMMA_MIN_HEADS;
+                (hopper, !(hopper && many), hopper && (many || q_len > 1))
+            }
         };
         assert_eq!(
             families.contains(&Family::DecodeWgmma),
-            expect_wgmma,
+            wgmma_built,
             "{heads} heads, {kv:?}: {families:?}"
         );
-        assert_eq!(families.contains(&Family::DecodeMma), !expect_wgmma);
-        let launched = if expect_wgmma {
+        assert_eq!(families.contains(&Family::DecodeMma), mma_built);
+        // The decode runs right (poisoned outputs against the reference), on the kernel
+        // expected, and compiles nothing after warmup.
+        let run = gpu::run_case_on(&mut dec, &case);
+        gpu::assert_close(&case, &run);
+        let launched = if launches_wgmma {
             Family::DecodeWgmma
         } else {
             Family::DecodeMma
         };
         assert_eq!(dec.kernel_name(), launched.entry());
+        let built = dec.cuda_backend().unwrap().builds().len();
+        assert_eq!(built, families.len(), "forward built a kernel after warmup");
     }
 }
 

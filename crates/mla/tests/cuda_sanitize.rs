@@ -14,7 +14,8 @@ use mla::{Error, KvFormat, Mask, ModelDtype};
 fn sanitize_every_kernel_path() {
     let mut cases = Vec::new();
     for (model, kv) in common::formats() {
-        // 20 heads: a padded row group; 3-key pages; a 2000-key row (4 splits on the tail).
+        // 20 heads: a padded row group (on Hopper, 2 tokens packed in 40 rows of the wgmma
+        // tile); 3-key pages; a 2000-key row (4 splits on the tail).
         let s = spec(20, 3, &[2000, 7, 0, 513], 2, Mask::Causal).with_format(model, kv);
         cases.push(Case::new(s));
     }
@@ -22,6 +23,10 @@ fn sanitize_every_kernel_path() {
     windowed.window = Some(77);
     windowed.split_q = true;
     cases.push(windowed);
+    // 16 heads x 4 causal tokens packed, each row with its own window edge.
+    let mut packed = Case::new(spec(16, 16, &[900, 3, 70], 4, Mask::Causal));
+    packed.window = Some(61);
+    cases.push(packed);
     let mut single = Case::new(spec(64, 64, &[100, 0], 1, Mask::Causal));
     single.batch_invariant = true;
     cases.push(single);

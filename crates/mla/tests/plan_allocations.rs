@@ -77,10 +77,11 @@ fn the_gpu_split_rule_allocates_nothing() {
         sm_count: 132,
         kv_lora_rank: 512,
         max_splits: 64,
+        wgmma: true,
     };
     let (n, splits) = allocations(|| {
         [(8192, 1, 16), (4096, 32, 128), (1 << 20, 1, 16)]
-            .map(|(len, rows, heads)| rule.splits(len, rows, heads))
+            .map(|(len, rows, heads)| rule.splits(len, rows, 1, heads))
     });
     assert_eq!(n, 0, "the fill rule allocated {n} times");
     assert!(splits.iter().all(|&s| (1..=64).contains(&s)), "{splits:?}");

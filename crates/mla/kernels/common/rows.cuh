@@ -15,11 +15,9 @@ __device__ __forceinline__ void raise_error(const DecodeParams& p, u32 bits) {
     atomicOr(p.error_flag, bits);
 }
 
-/// Keys of query row `row`: request row / Q, token row % Q. With `check`, a negative length
+/// The KV length of `request` (a negative one read as 0). With `check`, a negative length
 /// and a length beyond the block table raise their error bits.
-__device__ __forceinline__ KeyRange row_keys(const DecodeParams& p, int row, bool check) {
-    const int request = row / p.query_len;
-    const int token = row - request * p.query_len;
+__device__ __forceinline__ int request_len(const DecodeParams& p, int request, bool check) {
     int len = p.seq_lens[request];
     if (len < 0) {
         if (check) raise_error(p, MLA_ERR_NEGATIVE_LEN);
@@ -28,9 +26,20 @@ __device__ __forceinline__ KeyRange row_keys(const DecodeParams& p, int row, boo
     if (check && (long long)len > (long long)p.max_blocks * p.page_size) {
         raise_error(p, MLA_ERR_BEYOND_TABLE);
     }
+    return len;
+}
+
+/// Keys of query token `token` of a request of KV length `len`.
+__device__ __forceinline__ KeyRange token_keys(const DecodeParams& p, int len, int token) {
     const int end = p.causal ? max(0, len - (p.query_len - 1 - token)) : len;
     const int start = p.window > 0 ? max(0, end - p.window) : 0;
     return {start, end};
+}
+
+/// Keys of query row `row`: request row / Q, token row % Q (`check` as for request_len).
+__device__ __forceinline__ KeyRange row_keys(const DecodeParams& p, int row, bool check) {
+    const int request = row / p.query_len;
+    return token_keys(p, request_len(p, request, check), row - request * p.query_len);
 }
 
 /// Split `s` of `splits`: per = ceil(len / splits), keys [start + s * per, ...) clipped.

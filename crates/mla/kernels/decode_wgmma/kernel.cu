@@ -1,12 +1,17 @@
 /**
  * @file decode_wgmma/kernel.cu
  * @brief Stage 1 of the split-KV decode on Hopper's warpgroup MMA (sm_90a): one CTA attends
- * 64 heads of one query row to the keys of one split, 64 keys a tile.
+ * 64 query rows (heads, or heads x query tokens of one request) to the keys of one split,
+ * 64 keys a tile.
  *
- * Grid and outputs are those of decode_mma (x = row * head_blocks + head_block, y = split;
- * the split's normalized output and LSE to the workspace, or o and lse with one split), so
- * the plan, the workspace and the combine are shared. NOTES.md beside this file has the
- * design and the measurements.
+ * Outputs are those of decode_mma (each row's split output and LSE to the workspace, or o
+ * and lse with one split), so the plan, the workspace and the combine are shared. Grid: x =
+ * (request * token_blocks + token_block) * head_blocks + head_block, y = split. A CTA takes
+ * `tokens_per_cta` query tokens of its request: 1 (then its 64 rows are heads, and x is
+ * decode_mma's row * head_blocks + head_block), or, for few heads, up to 64 / heads tokens
+ * whose rows share one read of the keys (row r: token r / heads, head r % heads). Each row
+ * keeps its own keys: the CTA loads the union of its tokens' split ranges and masks per row.
+ * NOTES.md beside this file has the design and the measurements.
  *
  * Block: two warpgroups (256 threads). Shared memory holds q (64 x D), a ring of two key
  * tiles (64 x D each) and P (64 x 64), all in wgmma's 128-byte swizzled layout
@@ -92,13 +97,50 @@ extern "C" __constant__ int mla_decode_smem_bytes =
 
 namespace {
 
-/// q rows head0 .. head0 + 63 of `row`, swizzled; missing heads are zero.
-__device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, int row, int head0) {
+/// The CTA's rows: `tokens` query tokens of one request from token `tok0` (query row `row0`)
+/// on, `per_token` heads each from `head0` on. Tile row r is head head0 + r % per_token of
+/// token r / per_token.
+struct Rows {
+    int row0, tok0, tokens, per_token, head0;
+
+    __device__ int token(int r) const { return tok0 + r / per_token; }
+    __device__ int row(int r) const { return row0 + r / per_token; }
+    __device__ int head(int r) const { return head0 + r % per_token; }
+    /// Whether tile row r is a real (query row, head); padding rows are never written.
+    __device__ bool real(int r, const DecodeParams& p) const {
+        return r / per_token < tokens && head(r) < p.heads;
+    }
+};
+
+/// Where this CTA's split reads: the union of its rows' split ranges (`keys`, empty when no
+/// row has a key in the split) and the keys every row sees (`common`: a tile inside it needs
+/// no mask). Computed from the contract's per-row rules (common/rows.cuh), so each row
+/// still sees exactly its keys and the combine finds the same splits.
+struct CtaKeys {
+    KeyRange keys, common;
+};
+
+__device__ __forceinline__ CtaKeys cta_keys(const DecodeParams& p, const Rows& rows, int len) {
+    CtaKeys k{{0x7fffffff, 0}, {0, 0x7fffffff}};
+    for (int t = rows.tok0; t < rows.tok0 + rows.tokens; ++t) {
+        const KeyRange r = split_keys(token_keys(p, len, t), blockIdx.y, p.num_kv_splits);
+        if (r.start < r.end) {
+            k.keys.start = min(k.keys.start, r.start);
+            k.keys.end = max(k.keys.end, r.end);
+        }
+        k.common.start = max(k.common.start, r.start);
+        k.common.end = min(k.common.end, r.end);
+    }
+    return k;
+}
+
+/// q of the tile's rows, swizzled; padding rows are zero.
+__device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, const Rows& rows) {
     const u32 q = smem_addr(sm.q());
     for (int c = threadIdx.x; c < M * PIECES; c += THREADS) {
         const int r = c / PIECES, k = c % PIECES;
-        const int head = head0 + r;
-        const bool valid = head < p.heads;
+        const int row = rows.row(r), head = rows.head(r);
+        const bool valid = rows.real(r, p);
         const u16* src;
         if (k < L / 8) {
             src = (const u16*)p.q_nope + row * p.q_nope_row + head * p.q_nope_head + k * 8;
@@ -169,39 +211,44 @@ __device__ __forceinline__ unsigned char* p_slot(const Smem& sm, int r0, int lan
 }
 
 /// Step 2's softmax on this thread's 32 raw scores of a tile whose keys start at `first`:
-/// keys at or past `end` masked (only the last tile has such keys), the running max m
-/// (base 2, scaled; the scale is positive, so the max of raw scores times the scale is the
-/// max of the scaled ones) and the row sums l (of the unrounded P) updated, alpha =
-/// 2^(m_old - m), exactly 1 when the max did not move. P = 2^(s * scale - m) rounded to the
-/// model dtype goes to shared memory pair by pair as it is made.
+/// unless the tile lies inside every row's keys (`inside`: only a split's first and last
+/// tiles do not), keys outside the thread's row h's range [lo[h], hi[h]) are masked; the
+/// running max m (base 2, scaled; the scale is positive, so the max of raw scores times the
+/// scale is the max of the scaled ones) and the row sums l (of the unrounded P) updated,
+/// alpha = 2^(m_old - m), exactly 1 when the max did not move. P = 2^(s * scale - m)
+/// rounded to the model dtype goes to shared memory pair by pair as it is made. A row with
+/// no key yet (m = -inf: packed rows, padding rows) gets P = 0.
 /// s[4j + e]: row r0 + 8 (e / 2), key 8j + 2 (lane % 4) + e % 2.
 __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                             int first, int end, float sc, int lane, const Smem& sm, int r0) {
+                                             int first, bool inside, const int (&lo)[2], const int (&hi)[2],
+                                             float sc, int lane, const Smem& sm, int r0) {
     float mx[2] = {bits_to_float(0xff800000u), bits_to_float(0xff800000u)};
-    const bool masked = first + BN > end;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int pos = first + 8 * j + 2 * (lane % 4) + (e & 1);
-            if (masked && pos >= end) s[4 * j + e] = bits_to_float(0xff800000u);
-            mx[e / 2] = fmaxf(mx[e / 2], s[4 * j + e]);
+            const int h = e / 2;
+            if (!inside && (pos < lo[h] || pos >= hi[h])) s[4 * j + e] = bits_to_float(0xff800000u);
+            mx[h] = fmaxf(mx[h], s[4 * j + e]);
         }
     }
+    float base[2];  // the exponent's offset: m, or 0 while the row has no key (2^-inf = 0)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(m[h], quad_max(mx[h]) * sc);  // finite: a tile has a key
+        const float m_new = fmaxf(m[h], quad_max(mx[h]) * sc);
         alpha[h] = m_new == m[h] ? 1.0f : exp2_approx(m[h] - m_new);
         m[h] = m_new;
         l[h] *= alpha[h];
+        base[h] = m_new == bits_to_float(0xff800000u) ? 0.0f : m_new;
     }
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int h = i % 2;
-            const float p0 = exp2_approx(fmaf(s[8 * kk + 2 * i], sc, -m[h]));
-            const float p1 = exp2_approx(fmaf(s[8 * kk + 2 * i + 1], sc, -m[h]));
+            const float p0 = exp2_approx(fmaf(s[8 * kk + 2 * i], sc, -base[h]));
+            const float p1 = exp2_approx(fmaf(s[8 * kk + 2 * i + 1], sc, -base[h]));
             l[h] += p0 + p1;
             *(u32*)p_slot(sm, r0, lane, kk, i) = pack2<BF16>(p0, p1);
         }
@@ -240,17 +287,35 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wg = warp / 4;                          // warpgroup
     const int r0 = (warp % 4) * 16 + lane / 4;        // this thread's rows: r0 and r0 + 8
-    const int head_blocks = (p.heads + M - 1) / M;
-    const int row = blockIdx.x / head_blocks;
-    const int head0 = (blockIdx.x % head_blocks) * M;
+    const int pack = p.tokens_per_cta;
+    const int per_token = pack > 1 ? p.heads : M;     // the host packs only when heads * pack <= 64
+    const int head_blocks = (p.heads + per_token - 1) / per_token;
+    const int token_blocks = (p.query_len + pack - 1) / pack;
+    const int req = blockIdx.x / (head_blocks * token_blocks);
+    const int tok0 = (blockIdx.x / head_blocks) % token_blocks * pack;
+    const Rows rows{req * p.query_len + tok0, tok0, min(pack, p.query_len - tok0), per_token,
+                    (blockIdx.x % head_blocks) * per_token};
     const int splits = p.num_kv_splits;
 
-    const KeyRange keys = split_keys(row_keys(p, row, tid == 0 && blockIdx.y == 0), blockIdx.y, splits);
+    const int len = request_len(p, req, tid == 0 && blockIdx.y == 0);  // read once, for every row
+    const CtaKeys cta = cta_keys(p, rows, len);
+    const KeyRange keys = cta.keys;
     if (keys.start >= keys.end) {
-        if (splits == 1) write_empty<M, THREADS, L>(p, row, head0);
+        if (splits == 1) {
+            for (int t = 0; t < rows.tokens; ++t) write_empty<M, THREADS, L>(p, rows.row0 + t, rows.head0);
+        }
         return;
     }
-    const int req = row / p.query_len;
+    // This thread's rows' own keys (empty for padding rows, so they stay at P = 0).
+    int lo[2], hi[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = r0 + 8 * h;
+        const KeyRange k =
+            rows.real(r, p) ? split_keys(token_keys(p, len, rows.token(r)), blockIdx.y, splits) : KeyRange{0, 0};
+        lo[h] = k.start;
+        hi[h] = k.end;
+    }
     const int tiles = (keys.end - keys.start + BN - 1) / BN;
     [[maybe_unused]] const float k_scale = CONVERT ? (p.k_scale_ptr != nullptr ? *p.k_scale_ptr : p.k_scale) : 1.0f;
 
@@ -261,7 +326,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
             sm.offsets(t)[tid] = key_offset<KV_ELEM>(p, pos, block_of(p, req, pos, keys.end));
         }
     }
-    load_q(p, sm, row, head0);
+    load_q(p, sm, rows);
     __syncthreads();
     load_tile<THREADS / 32>(p, sm, sm.offsets(0), 0, 0);
     cp_async_commit();
@@ -324,7 +389,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
             wgmma_wait<0>();
 
             float alpha[2];
-            softmax_tile(s, m, l, alpha, first, keys.end, p.scale_log2, lane, sm, r0);
+            const bool inside = first >= cta.common.start && first + BN <= cta.common.end;
+            softmax_tile(s, m, l, alpha, first, inside, lo, hi, p.scale_log2, lane, sm, r0);
             if (lane % 4 == 0) {
                 sm.alpha()[r0] = alpha[0];
                 sm.alpha()[r0 + 8] = alpha[1];
@@ -352,18 +418,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
         }
     }
     __syncthreads();
+    // A packed row with no key in the split (sum 0, max -inf) gets o = 0 and lse = -inf:
+    // with one split that is the contract's empty row; with more, the combine skips the
+    // split, whose range it finds empty too.
     float inv[2], lse[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const float sum = sm.sums()[r0 + 8 * h];
-        inv[h] = 1.0f / sum;
+        inv[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
         lse[h] = (sm.maxima()[r0 + 8 * h] + log2_approx(sum)) * LN2;
     }
-    const i64 at = ((i64)row * splits + blockIdx.y) * p.heads;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int head = head0 + r0 + 8 * h;
-        if (head >= p.heads) continue;
+        const int r = r0 + 8 * h;
+        if (!rows.real(r, p)) continue;
+        const int row = rows.row(r), head = rows.head(r);
+        const i64 at = ((i64)row * splits + blockIdx.y) * p.heads;
         const int col0 = wg * COLS + 2 * (lane % 4);
         if (splits == 1) {
             u16* out = (u16*)p.o + row * p.o_row + head * p.o_head + col0;

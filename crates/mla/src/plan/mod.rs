@@ -290,7 +290,7 @@ impl DecodePlan {
                     "a decode with seq_lens on the device and no max_seq_len",
                 ))?;
 
-        let num_kv_splits = cfg.splits(max_seq, rows);
+        let num_kv_splits = cfg.splits(max_seq, rows, inputs.query_len);
         let (workspace, workspace_bytes) = decode_workspace(rows, h, num_kv_splits, l)?;
 
         Ok(DecodePlan {

@@ -12,6 +12,21 @@
 
 use super::extents::KeyRange;
 
+/// Rows (heads x packed query tokens) of a CTA of Hopper's wgmma kernel.
+pub const WGMMA_ROWS: usize = 64;
+/// The fewest rows a CTA gives the wgmma kernel for it to be chosen: at 16 rows its tile is
+/// three-quarters padding and two mma.sync CTAs per SM are faster (H200: 175 us against
+/// 233 us at 128 x 4096 keys, 16 heads); at 32 the wgmma kernel is 1.3x to 1.4x faster (64 x
+/// 4096 keys, bf16 and fp8 caches).
+pub const WGMMA_MIN_ROWS: usize = 17;
+
+/// The query tokens of one request that one CTA of the wgmma kernel takes: as many as fit
+/// its 64 rows next to the heads (16 heads x 4 tokens), so one read of the keys serves them
+/// all; 1 when the heads fill the rows.
+pub fn packed_tokens(heads: usize, query_len: usize) -> usize {
+    query_len.min(WGMMA_ROWS / heads.max(1)).max(1)
+}
+
 /// Keys per split that vLLM's rule aims at.
 const KEYS_PER_SPLIT: usize = 512;
 /// Keys per tile of the GPU kernels (the fill rule's unit of work).
@@ -36,15 +51,18 @@ pub enum SplitRule {
         kv_lora_rank: usize,
         /// Most splits a row gets (the combine walks them in order).
         max_splits: usize,
+        /// Whether the GPU runs the wgmma kernel (sm_90a), which packs the query tokens of
+        /// few-head requests into one CTA ([`packed_tokens`]).
+        wgmma: bool,
     },
     /// One split per row: batch-invariant mode (a row's result never depends on the batch).
     Single,
 }
 
 impl SplitRule {
-    /// The split count of a batch of `rows` query rows and `heads` heads whose longest span
-    /// is `max_kv_len`.
-    pub fn splits(self, max_kv_len: usize, rows: usize, heads: usize) -> usize {
+    /// The split count of a batch of `rows` query rows (`query_len` a request) and `heads`
+    /// heads whose longest span is `max_kv_len`.
+    pub fn splits(self, max_kv_len: usize, rows: usize, query_len: usize, heads: usize) -> usize {
         match self {
             SplitRule::Single => 1,
             SplitRule::Vllm { sm_count } => num_kv_splits(max_kv_len, sm_count),
@@ -56,7 +74,7 @@ impl SplitRule {
                 // The cheapest count (each cost computed once: this runs on every decode);
                 // ties go to fewer splits.
                 (1..=most)
-                    .map(|s| (self.fill_cost(max_kv_len, rows, heads, s), s))
+                    .map(|s| (self.fill_cost(max_kv_len, rows, query_len, heads, s), s))
                     .min_by(|(cx, x), (cy, y)| cx.total_cmp(cy).then(x.cmp(y)))
                     .map_or(1, |(_, s)| s)
             }
@@ -65,8 +83,10 @@ impl SplitRule {
 
     /// The fill rule's estimate, in units of one CTA's time for one tile of keys, of a batch
     /// cut into `splits` splits:
-    /// - stage 1 runs in waves of `slots` CTAs (two per SM for up to 16 heads a CTA, else
-    ///   one), each CTA taking 2 units of fixed cost (q, epilogue) plus one per tile;
+    /// - stage 1 runs in waves of `slots` CTAs (two per SM for up to 16 rows a CTA, else
+    ///   one), each CTA taking 2 units of fixed cost (q, epilogue) plus one per tile; a CTA
+    ///   takes up to 64 heads of one query token, or on sm_90a the packed tokens of a
+    ///   few-head request ([`SplitRule::ctas_per_split`]);
     /// - the combine, when there are splits, costs a unit, half a unit per batch of four
     ///   splits it walks in order (a memory latency each), and the f32 partials it moves
     ///   (written and read) at the rate a wave moves key tiles (`slots` x 36 KB a unit).
@@ -75,7 +95,14 @@ impl SplitRule {
     ///
     /// Crude on purpose: it only has to rank split counts, and it is checked by the GPU
     /// benchmarks (BENCHMARKS.md), not trusted.
-    pub fn fill_cost(self, max_kv_len: usize, rows: usize, heads: usize, splits: usize) -> f64 {
+    pub fn fill_cost(
+        self,
+        max_kv_len: usize,
+        rows: usize,
+        query_len: usize,
+        heads: usize,
+        splits: usize,
+    ) -> f64 {
         let SplitRule::Fill {
             sm_count,
             kv_lora_rank,
@@ -84,14 +111,14 @@ impl SplitRule {
         else {
             return 0.0;
         };
-        let heads_per_cta = heads.clamp(1, 64);
-        let slots = if heads_per_cta <= 16 {
+        let (per_split, rows_per_cta) = self.ctas_per_split(rows, query_len, heads);
+        let slots = if rows_per_cta <= 16 {
             2 * sm_count
         } else {
             sm_count
         }
         .max(1);
-        let ctas = rows.max(1) * heads.div_ceil(64).max(1) * splits;
+        let ctas = per_split.max(1) * splits;
         let waves = ctas.div_ceil(slots) as f64;
         let tiles = max_kv_len.div_ceil(splits).div_ceil(TILE) as f64;
         let stage1 = waves * (2.0 + tiles);
@@ -105,19 +132,45 @@ impl SplitRule {
         stage1 + combine
     }
 
+    /// The CTAs a split of the batch takes, and the rows (heads x tokens) each holds: the
+    /// kernels' grids (`backend::cuda`). One query token and up to 64 heads a CTA, except on
+    /// sm_90a where a few-head request's tokens share a CTA when their rows reach
+    /// [`WGMMA_MIN_ROWS`].
+    pub fn ctas_per_split(self, rows: usize, query_len: usize, heads: usize) -> (usize, usize) {
+        let query_len = query_len.max(1);
+        let tokens = packed_tokens(heads, query_len);
+        let wgmma = matches!(self, SplitRule::Fill { wgmma: true, .. });
+        if wgmma && tokens > 1 && heads * tokens >= WGMMA_MIN_ROWS {
+            let requests = rows.div_ceil(query_len);
+            return (requests * query_len.div_ceil(tokens), heads * tokens);
+        }
+        (rows * heads.div_ceil(64).max(1), heads.clamp(1, 64))
+    }
+
     /// The most `rows x splits` any batch of at most `max_rows` rows over at most
     /// `max_kv_len` keys can need: what the workspace is reserved for.
     pub fn max_row_splits(self, max_rows: usize, max_kv_len: usize, heads: usize) -> usize {
         match self {
             SplitRule::Single | SplitRule::Vllm { .. } => {
-                max_rows.saturating_mul(self.splits(max_kv_len, max_rows, heads))
+                max_rows.saturating_mul(self.splits(max_kv_len, max_rows, 1, heads))
             }
-            // The count is not monotone in rows: try every batch size (cheap next to a
-            // reservation, which happens once).
-            SplitRule::Fill { .. } => (1..=max_rows)
-                .map(|r| r * self.splits(max_kv_len, r, heads))
-                .max()
-                .unwrap_or(0),
+            // The count is not monotone in rows, and packed tokens make fewer CTAs than
+            // rows: try every batch size, and where tokens pack, every query length that
+            // divides it (cheap next to a reservation, which happens once).
+            SplitRule::Fill { wgmma, .. } => {
+                // Tokens pack when two fit next to the heads (at most 32 heads).
+                let packs = wgmma && 2 * heads <= WGMMA_ROWS;
+                (1..=max_rows)
+                    .flat_map(|r| {
+                        let top = if packs { r.isqrt() } else { 1 };
+                        (1..=top)
+                            .filter(move |d| r.is_multiple_of(*d))
+                            .flat_map(move |d| [d, r / d])
+                            .map(move |q| r * self.splits(max_kv_len, r, q, heads))
+                    })
+                    .max()
+                    .unwrap_or(0)
+            }
         }
     }
 }
@@ -131,7 +184,15 @@ impl SplitRule {
         match self {
             SplitRule::Single => vec![1],
             SplitRule::Vllm { sm_count } => warmup_split_counts(max_span, sm_count, false),
-            SplitRule::Fill { .. } => (1..=self.splits(max_span, 1, heads)).collect(),
+            SplitRule::Fill { .. } => {
+                // The most splits come with the fewest CTAs: one request (its tokens packed
+                // into one CTA on sm_90a).
+                let most = (1..=WGMMA_ROWS / heads.clamp(1, WGMMA_ROWS))
+                    .map(|q| self.splits(max_span, q, q, heads))
+                    .max()
+                    .unwrap_or(1);
+                (1..=most).collect()
+            }
         }
     }
 }
@@ -180,6 +241,7 @@ mod tests {
             sm_count: 132,
             kv_lora_rank: 512,
             max_splits: 64,
+            wgmma: false,
         };
         // (len, rows, heads) -> splits, as the cost model ranks them.
         let cases = [
@@ -195,13 +257,43 @@ mod tests {
         ];
         for ((len, rows, heads), want) in cases {
             assert_eq!(
-                rule.splits(len, rows, heads),
+                rule.splits(len, rows, 1, heads),
                 want,
                 "len {len} rows {rows} heads {heads}"
             );
         }
         let vllm = SplitRule::Vllm { sm_count: 132 };
-        assert_eq!(vllm.splits(8192, 1, 16), 16);
+        assert_eq!(vllm.splits(8192, 1, 1, 16), 16);
+    }
+
+    #[test]
+    fn packed_tokens_make_fewer_ctas_and_more_splits_on_hopper() {
+        let rule = |wgmma| SplitRule::Fill {
+            sm_count: 132,
+            kv_lora_rank: 512,
+            max_splits: 64,
+            wgmma,
+        };
+        // 64 requests x 4 tokens x 16 heads: 64 CTAs a split packed (one per request, 64
+        // rows each), 256 of 16 rows otherwise.
+        assert_eq!(rule(true).ctas_per_split(256, 4, 16), (64, 64));
+        assert_eq!(rule(false).ctas_per_split(256, 4, 16), (256, 16));
+        // 8 heads x 2 tokens is 16 rows: the mma kernel's, one token a CTA.
+        assert_eq!(rule(true).ctas_per_split(8, 2, 8), (8, 8));
+        // 20 heads x 3 tokens: 60 rows; 7 tokens make 3 CTAs a request.
+        assert_eq!(rule(true).ctas_per_split(14, 7, 20), (6, 60));
+        // 128 heads: two CTAs a row, whatever the tokens.
+        assert_eq!(rule(true).ctas_per_split(8, 4, 128), (16, 64));
+        // A split count that fills the GPU: packed requests get more splits than one CTA
+        // each (64 of 132 SMs busy).
+        let packed = rule(true).splits(8192, 256, 4, 16);
+        assert!(packed >= 2, "{packed}");
+        assert!(packed > rule(false).splits(8192, 256, 4, 16));
+        // One token a request never packs: the rule is the same with or without wgmma.
+        assert_eq!(
+            rule(true).splits(8192, 64, 1, 16),
+            rule(false).splits(8192, 64, 1, 16)
+        );
     }
 
     #[test]
@@ -211,6 +303,13 @@ mod tests {
                 sm_count: 132,
                 kv_lora_rank: 512,
                 max_splits: 64,
+                wgmma: false,
+            },
+            SplitRule::Fill {
+                sm_count: 132,
+                kv_lora_rank: 512,
+                max_splits: 64,
+                wgmma: true,
             },
             SplitRule::Vllm { sm_count: 132 },
         ] {
@@ -222,11 +321,13 @@ mod tests {
             ] {
                 let reserved = rule.max_row_splits(max_rows, max_len, heads);
                 for rows in 1..=max_rows {
-                    for len in [0, 1, max_len / 3, max_len] {
-                        assert!(
-                            rows * rule.splits(len, rows, heads) <= reserved,
-                            "{rule:?} {rows} {len}"
-                        );
+                    for q in (1..=8).filter(|q| rows % q == 0) {
+                        for len in [0, 1, max_len / 3, max_len] {
+                            assert!(
+                                rows * rule.splits(len, rows, q, heads) <= reserved,
+                                "{rule:?} {rows} rows of {q} tokens, {len} keys"
+                            );
+                        }
                     }
                 }
             }
@@ -258,7 +359,7 @@ mod tests {
     fn a_single_split_rule_is_one_split_everywhere() {
         let rule = SplitRule::Single;
         for (len, rows) in [(0, 1), (100_000, 1), (1 << 20, 64)] {
-            assert_eq!(rule.splits(len, rows, 128), 1);
+            assert_eq!(rule.splits(len, rows, 1, 128), 1);
         }
         assert_eq!(rule.max_row_splits(64, 1 << 20, 128), 64);
         assert_eq!(rule.warmup_counts(1 << 20, 128), [1]);
@@ -266,9 +367,13 @@ mod tests {
             sm_count: 132,
             kv_lora_rank: 512,
             max_splits: 64,
+            wgmma: false,
         };
         let counts = fill.warmup_counts(8192, 16);
-        assert_eq!(counts, (1..=fill.splits(8192, 1, 16)).collect::<Vec<_>>());
+        assert_eq!(
+            counts,
+            (1..=fill.splits(8192, 1, 1, 16)).collect::<Vec<_>>()
+        );
         assert_eq!(
             SplitRule::Vllm { sm_count: 132 }.warmup_counts(8192, 16),
             [1, 2, 4, 8, 16]

@@ -35,7 +35,7 @@ use crate::plan::DecodePlan;
 /// The two kernels a configuration decodes with, chosen once by [`CudaBackend::configure`].
 #[derive(Debug, Clone, Copy)]
 struct ConfigKernels {
-    decode: Variant,
+    stage1: registry::Stage1,
     combine: Variant,
 }
 
@@ -53,6 +53,8 @@ pub struct CudaBackend {
     kernels: HashMap<Variant, CudaFunction>,
     /// What `configure` chose for the decoder's configuration.
     chosen: Option<ConfigKernels>,
+    /// The stage-1 kernel of the last decode launched.
+    launched: Option<Variant>,
     /// Variants built (compiled or read from disk) and loaded by this backend.
     builds: Vec<Built>,
     workspace: Option<CudaSlice<u8>>,
@@ -107,6 +109,7 @@ impl CudaBackend {
             smem_limit,
             kernels: HashMap::new(),
             chosen: None,
+            launched: None,
             builds: Vec::new(),
             workspace: None,
             error_flag,
@@ -198,7 +201,7 @@ impl CudaBackend {
             model: cfg.model_dtype,
             kv: cfg.kv_format,
         };
-        let decode = registry::decode_variant(
+        let stage1 = registry::Stage1::choose(
             cfg.q_heads,
             shape,
             self.smem_limit,
@@ -216,15 +219,17 @@ impl CudaBackend {
             )
         })?;
         self.chosen = Some(ConfigKernels {
-            decode,
+            stage1,
             combine: registry::combine_variant(l, cfg.model_dtype),
         });
+        self.launched = None;
         Ok(())
     }
 
-    /// The stage-1 kernel this backend's decoder launches (None before it is configured).
+    /// The stage-1 kernel of the last decode; before any, the one a single-token decode
+    /// launches (None before the backend is configured).
     pub fn decode_variant(&self) -> Option<Variant> {
-        self.chosen.map(|k| k.decode)
+        self.launched.or(self.chosen.map(|k| k.stage1.decode))
     }
 
     fn chosen(&self) -> Result<ConfigKernels> {
@@ -236,14 +241,17 @@ impl CudaBackend {
         })
     }
 
-    /// Builds and loads every kernel the configured decoder can pick: its stage-1 variant
-    /// and, when a split count above one is possible, the combine.
+    /// Builds and loads every kernel the configured decoder can pick: its stage-1 variants
+    /// (on Hopper with few heads, also the wgmma kernel of multi-token decodes) and, when a
+    /// split count above one is possible, the combine.
     ///
     /// # Errors
     /// [`Error::Compile`], [`Error::Driver`].
     pub(crate) fn warmup(&mut self, max_splits: usize) -> Result<()> {
         let k = self.chosen()?;
-        self.kernel(k.decode)?;
+        for v in k.stage1.variants() {
+            self.kernel(v)?;
+        }
         if max_splits > 1 {
             self.kernel(k.combine)?;
         }
@@ -395,23 +403,33 @@ impl CudaBackend {
         if !fits_i32 {
             return Err(too_big(plan));
         }
-        let params = DecodeParams::new(plan, &ptr);
-        let rows_per_cta = 16 * k.decode.row_warps;
-        let head_blocks = plan.heads.div_ceil(rows_per_cta);
-        let grid_x = u32::try_from(plan.rows * head_blocks).map_err(|_| too_big(plan))?;
+        let (decode, tokens) = k.stage1.launch(plan.heads, plan.query_len);
+        let mut params = DecodeParams::new(plan, &ptr);
+        params.tokens_per_cta = tokens as i32; // at most the query length, an i32
+        // A CTA takes `tokens` query tokens of one request and, of each, a block of heads:
+        // all of them when tokens are packed (the kernels' grid layout).
+        let heads_per_cta = if tokens > 1 {
+            plan.heads
+        } else {
+            16 * decode.row_warps
+        };
+        let ctas =
+            plan.requests * plan.query_len.div_ceil(tokens) * plan.heads.div_ceil(heads_per_cta);
+        let grid_x = u32::try_from(ctas).map_err(|_| too_big(plan))?;
         let splits = u32::try_from(plan.num_kv_splits)
             .ok()
             .filter(|&s| s <= 65_535)
             .ok_or_else(|| too_big(plan))?;
-        let f = self.kernel(k.decode)?.clone();
+        let f = self.kernel(decode)?.clone();
         ffi::launch(
             &self.stream,
             &f,
             (grid_x, splits),
-            (k.decode.threads(), 1),
-            k.decode.smem_bytes() as u32,
+            (decode.threads(), 1),
+            decode.smem_bytes() as u32,
             &params,
         )?;
+        self.launched = Some(decode);
         if plan.num_kv_splits > 1 {
             let f = self.kernel(k.combine)?.clone();
             let grid = (plan.rows as u32, plan.heads.div_ceil(4) as u32);

@@ -39,6 +39,7 @@ pub struct DecodeParams {
     pub window: i32,
     pub scale_log2: f32,
     pub k_scale: f32,
+    pub tokens_per_cta: i32,
     pub k_scale_ptr: u64,
 }
 
@@ -102,6 +103,7 @@ impl DecodeParams {
             window: plan.window.map_or(0, i),
             scale_log2: plan.scale * std::f32::consts::LOG2_E,
             k_scale: plan.k_scale,
+            tokens_per_cta: 1,
             k_scale_ptr: ptr.k_scale,
         }
     }
@@ -122,6 +124,7 @@ mod tests {
         assert_eq!(offset_of!(DecodeParams, num_blocks), 160);
         assert_eq!(offset_of!(DecodeParams, scale_log2), 196);
         assert_eq!(offset_of!(DecodeParams, k_scale), 200);
+        assert_eq!(offset_of!(DecodeParams, tokens_per_cta), 204);
         assert_eq!(offset_of!(DecodeParams, k_scale_ptr), 208);
     }
 }

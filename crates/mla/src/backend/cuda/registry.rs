@@ -8,6 +8,7 @@
 use std::fmt;
 
 use crate::dtype::{KvFormat, ModelDtype};
+use crate::plan::splits;
 
 /// Every kernel source, by the name the `#include` lines use.
 pub const HEADERS: [(&str, &str); 7] = [
@@ -86,14 +87,12 @@ impl Family {
 /// Keys per tile of the mma kernel.
 pub const BLOCK_N: usize = 32;
 
-/// Heads (rows) per CTA and keys per tile of the wgmma kernel.
-pub const WGMMA_TILE: usize = 64;
+/// Rows (heads x packed tokens) per CTA and keys per tile of the wgmma kernel.
+pub const WGMMA_TILE: usize = splits::WGMMA_ROWS;
 
-/// The fewest heads for which the wgmma kernel is chosen. At 16 heads its 64-row tile is
-/// three-quarters padding and the mma kernel's two CTAs per SM are faster (H200: 175 us
-/// against 233 us at 128 x 4096 keys); at 32 heads the wgmma kernel is 1.3x to 1.4x faster
-/// (bf16 and fp8 caches, 64 x 4096 keys).
-pub const WGMMA_MIN_HEADS: usize = 17;
+/// The fewest heads (rows of a CTA, tokens packed) for which the wgmma kernel is chosen
+/// ([`splits::WGMMA_MIN_ROWS`], where the split rule's model of the grids needs it too).
+pub const WGMMA_MIN_HEADS: usize = splits::WGMMA_MIN_ROWS;
 
 /// One compiled kernel: the family and its specialization.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -323,6 +322,63 @@ fn mma_variant(heads: usize, shape: KernelShape, smem_limit: usize) -> Option<Va
         })
 }
 
+/// The query tokens of one request that one CTA of `family` takes: the wgmma kernel packs a
+/// request's tokens into its 64 rows when the heads leave room (16 heads x 4 tokens), so one
+/// read of the keys serves them all; the mma kernel takes one token a CTA.
+pub fn tokens_per_cta(family: Family, heads: usize, query_len: usize) -> usize {
+    match family {
+        Family::DecodeWgmma => splits::packed_tokens(heads, query_len),
+        _ => 1,
+    }
+}
+
+/// The stage-1 kernels of a decoder: its own, and on sm_90a, when that one is the mma kernel
+/// (few heads), the wgmma kernel that takes multi-token decodes with their tokens packed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stage1 {
+    /// The kernel of single-token decodes.
+    pub decode: Variant,
+    /// The kernel of multi-token decodes whose packed rows fill a wgmma tile enough.
+    pub packed: Option<Variant>,
+}
+
+impl Stage1 {
+    /// The stage-1 kernels for a decoder (see [`decode_variant`]); None if not even the
+    /// smallest mma variant fits.
+    pub fn choose(
+        heads: usize,
+        shape: KernelShape,
+        smem_limit: usize,
+        wgmma: bool,
+        choice: KernelChoice,
+    ) -> Option<Stage1> {
+        let decode = decode_variant(heads, shape, smem_limit, wgmma, choice)?;
+        let packed = (wgmma && choice == KernelChoice::Auto && decode.family == Family::DecodeMma)
+            .then(|| wgmma_variant(shape, smem_limit))
+            .flatten();
+        Some(Stage1 { decode, packed })
+    }
+
+    /// The kernel a decode of `query_len` tokens a request launches, and the tokens each of
+    /// its CTAs takes: the packed kernel when the packed rows (heads x tokens) reach
+    /// [`WGMMA_MIN_HEADS`], the rule that picks wgmma for single tokens.
+    pub fn launch(&self, heads: usize, query_len: usize) -> (Variant, usize) {
+        if let Some(w) = self.packed {
+            let tokens = tokens_per_cta(w.family, heads, query_len);
+            if heads * tokens >= WGMMA_MIN_HEADS {
+                return (w, tokens);
+            }
+        }
+        let tokens = tokens_per_cta(self.decode.family, heads, query_len);
+        (self.decode, tokens)
+    }
+
+    /// Every stage-1 kernel the decoder can launch.
+    pub fn variants(&self) -> impl Iterator<Item = Variant> {
+        std::iter::once(self.decode).chain(self.packed)
+    }
+}
+
 /// The stage-2 variant for a decoder.
 pub fn combine_variant(kv_lora_rank: usize, model: ModelDtype) -> Variant {
     Variant {
@@ -482,6 +538,49 @@ mod tests {
         };
         assert!(wgmma_variant(narrow, 232_448).is_none());
         assert!(wgmma_variant(f16, 166_912).is_none());
+    }
+
+    #[test]
+    fn few_heads_pack_query_tokens_into_the_wgmma_tile_on_hopper() {
+        use KernelChoice::{Auto, Mma, Wgmma};
+        let choose = |heads, wgmma, choice| {
+            Stage1::choose(heads, bf16(KvFormat::Bf16), 232_448, wgmma, choice).unwrap()
+        };
+        let family = |s: Stage1, heads, q| {
+            let (v, t) = s.launch(heads, q);
+            (v.family, t)
+        };
+        let (w, m) = (Family::DecodeWgmma, Family::DecodeMma);
+        // heads, query_len -> kernel, tokens a CTA, on sm_90a (auto).
+        for (heads, q, want) in [
+            (16, 1, (m, 1)),
+            (16, 2, (w, 2)),
+            (16, 4, (w, 4)),
+            (16, 8, (w, 4)), // 64 rows: two token blocks a request
+            (8, 2, (m, 1)),  // 16 rows: the mma kernel
+            (8, 3, (w, 3)),
+            (4, 4, (m, 1)), // 16 rows: not worth a 64-row tile
+            (1, 8, (m, 1)),
+            (20, 3, (w, 3)),
+            (32, 2, (w, 2)),
+            (33, 2, (w, 1)),
+            (128, 4, (w, 1)),
+        ] {
+            assert_eq!(
+                family(choose(heads, true, Auto), heads, q),
+                want,
+                "{heads} heads, {q} tokens"
+            );
+        }
+        // MLA_KERNEL=mma never packs; MLA_KERNEL=wgmma packs at every head count; before
+        // Hopper there is no wgmma kernel.
+        assert_eq!(family(choose(16, true, Mma), 16, 4), (m, 1));
+        assert_eq!(family(choose(4, true, Wgmma), 4, 4), (w, 4));
+        assert_eq!(family(choose(4, true, Wgmma), 4, 100), (w, 16));
+        assert_eq!(family(choose(16, false, Auto), 16, 4), (m, 1));
+        assert_eq!(choose(16, true, Auto).variants().count(), 2);
+        assert_eq!(choose(128, true, Auto).variants().count(), 1);
+        assert_eq!(choose(16, false, Auto).variants().count(), 1);
     }
 
     #[test]
