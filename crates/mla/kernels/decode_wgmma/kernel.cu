@@ -103,6 +103,8 @@ namespace {
 struct Rows {
     int row0, tok0, tokens, per_token, head0;
 
+    /// Whether the rows are one token's M heads (no division needed).
+    __device__ bool one_token() const { return per_token == M; }
     __device__ int token(int r) const { return tok0 + r / per_token; }
     __device__ int row(int r) const { return row0 + r / per_token; }
     __device__ int head(int r) const { return head0 + r % per_token; }
@@ -139,8 +141,10 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, co
     const u32 q = smem_addr(sm.q());
     for (int c = threadIdx.x; c < M * PIECES; c += THREADS) {
         const int r = c / PIECES, k = c % PIECES;
-        const int row = rows.row(r), head = rows.head(r);
-        const bool valid = rows.real(r, p);
+        // One token's rows need no division (this loop makes 18 trips a thread).
+        const bool one = rows.one_token();
+        const int row = one ? rows.row0 : rows.row(r), head = one ? rows.head0 + r : rows.head(r);
+        const bool valid = one ? head < p.heads : rows.real(r, p);
         const u16* src;
         if (k < L / 8) {
             src = (const u16*)p.q_nope + row * p.q_nope_row + head * p.q_nope_head + k * 8;
