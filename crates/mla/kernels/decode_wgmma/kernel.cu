@@ -39,6 +39,9 @@
  *                  (L + R) % 64 == 0)
  *   MLA_BF16       1: the model dtype is bf16, 0: f16
  *   MLA_KV         0: cache in the model dtype; 1: the other 16-bit type; 2: fp8 e4m3; 3: fp8 e5m2
+ *   MLA_PACK       1: the CTA's rows are `tokens_per_cta` tokens x heads, each masked to its own
+ *                  keys; 0: one token's 64 heads (tokens_per_cta must be 1), whose keys are the
+ *                  CTA's (fewer registers and no division in the q loader)
  */
 #include "common/fp8.cuh"
 #include "common/keys.cuh"
@@ -61,6 +64,7 @@ constexpr int PIECES = D / 8;   // 16-byte pieces per row
 constexpr int KV = MLA_KV;
 constexpr bool CONVERT = KV != 0;
 constexpr bool FP8 = KV >= 2;             // fp8 stages raw rows and converts into a tile of its own
+constexpr bool PACK = MLA_PACK != 0;      // rows of several query tokens
 constexpr int KV_ELEM = FP8 ? 1 : 2;      // bytes per cache element
 constexpr int KEY_PIECES = D * KV_ELEM / 16;  // 16-byte pieces per cache row
 constexpr int TILE_BYTES = M * D * 2;     // q, a swizzled key tile (BN == M)
@@ -99,19 +103,16 @@ namespace {
 
 /// The CTA's rows: `tokens` query tokens of one request from token `tok0` (query row `row0`)
 /// on, `per_token` heads each from `head0` on. Tile row r is head head0 + r % per_token of
-/// token r / per_token.
+/// token r / per_token; unpacked (PACK false) that is head head0 + r of the one token.
 struct Rows {
     int row0, tok0, tokens, per_token, head0;
 
-    /// Whether the rows are one token's M heads (no division needed).
-    __device__ bool one_token() const { return per_token == M; }
-    __device__ int token(int r) const { return tok0 + r / per_token; }
-    __device__ int row(int r) const { return row0 + r / per_token; }
-    __device__ int head(int r) const { return head0 + r % per_token; }
+    __device__ int nth(int r) const { return PACK ? r / per_token : 0; }
+    __device__ int token(int r) const { return tok0 + nth(r); }
+    __device__ int row(int r) const { return row0 + nth(r); }
+    __device__ int head(int r) const { return head0 + (PACK ? r % per_token : r); }
     /// Whether tile row r is a real (query row, head); padding rows are never written.
-    __device__ bool real(int r, const DecodeParams& p) const {
-        return r / per_token < tokens && head(r) < p.heads;
-    }
+    __device__ bool real(int r, const DecodeParams& p) const { return nth(r) < tokens && head(r) < p.heads; }
 };
 
 /// Where this CTA's split reads: the union of its rows' split ranges (`keys`, empty when no
@@ -123,6 +124,10 @@ struct CtaKeys {
 };
 
 __device__ __forceinline__ CtaKeys cta_keys(const DecodeParams& p, const Rows& rows, int len) {
+    if (!PACK) {  // one token: its keys are the CTA's
+        const KeyRange r = split_keys(token_keys(p, len, rows.tok0), blockIdx.y, p.num_kv_splits);
+        return {r, r};
+    }
     CtaKeys k{{0x7fffffff, 0}, {0, 0x7fffffff}};
     for (int t = rows.tok0; t < rows.tok0 + rows.tokens; ++t) {
         const KeyRange r = split_keys(token_keys(p, len, t), blockIdx.y, p.num_kv_splits);
@@ -141,10 +146,8 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, co
     const u32 q = smem_addr(sm.q());
     for (int c = threadIdx.x; c < M * PIECES; c += THREADS) {
         const int r = c / PIECES, k = c % PIECES;
-        // One token's rows need no division (this loop makes 18 trips a thread).
-        const bool one = rows.one_token();
-        const int row = one ? rows.row0 : rows.row(r), head = one ? rows.head0 + r : rows.head(r);
-        const bool valid = one ? head < p.heads : rows.real(r, p);
+        const int row = rows.row(r), head = rows.head(r);
+        const bool valid = rows.real(r, p);
         const u16* src;
         if (k < L / 8) {
             src = (const u16*)p.q_nope + row * p.q_nope_row + head * p.q_nope_head + k * 8;
@@ -233,7 +236,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], float (&m)[2], 
         for (int e = 0; e < 4; ++e) {
             const int pos = first + 8 * j + 2 * (lane % 4) + (e & 1);
             const int h = e / 2;
-            if (!inside && (pos < lo[h] || pos >= hi[h])) s[4 * j + e] = bits_to_float(0xff800000u);
+            // Unpacked, no tile starts before the CTA's keys: only the end needs a mask.
+            if (!inside && ((PACK && pos < lo[h]) || pos >= hi[h])) s[4 * j + e] = bits_to_float(0xff800000u);
             mx[h] = fmaxf(mx[h], s[4 * j + e]);
         }
     }
@@ -244,7 +248,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], float (&m)[2], 
         alpha[h] = m_new == m[h] ? 1.0f : exp2_approx(m[h] - m_new);
         m[h] = m_new;
         l[h] *= alpha[h];
-        base[h] = m_new == bits_to_float(0xff800000u) ? 0.0f : m_new;
+        // Unpacked, every row (padding rows too: their scores are 0) has a key in every tile.
+        base[h] = PACK && m_new == bits_to_float(0xff800000u) ? 0.0f : m_new;
     }
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
@@ -291,13 +296,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wg = warp / 4;                          // warpgroup
     const int r0 = (warp % 4) * 16 + lane / 4;        // this thread's rows: r0 and r0 + 8
-    const int pack = p.tokens_per_cta;
-    const int per_token = pack > 1 ? p.heads : M;     // the host packs only when heads * pack <= 64
+    const int pack = PACK ? p.tokens_per_cta : 1;
+    const int per_token = PACK ? p.heads : M;         // the host packs only when heads * pack <= 64
     const int head_blocks = (p.heads + per_token - 1) / per_token;
     const int token_blocks = (p.query_len + pack - 1) / pack;
     const int req = blockIdx.x / (head_blocks * token_blocks);
     const int tok0 = (blockIdx.x / head_blocks) % token_blocks * pack;
-    const Rows rows{req * p.query_len + tok0, tok0, min(pack, p.query_len - tok0), per_token,
+    const Rows rows{req * p.query_len + tok0, tok0, PACK ? min(pack, p.query_len - tok0) : 1, per_token,
                     (blockIdx.x % head_blocks) * per_token};
     const int splits = p.num_kv_splits;
 
@@ -310,13 +315,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
         }
         return;
     }
-    // This thread's rows' own keys (empty for padding rows, so they stay at P = 0).
+    // This thread's rows' own keys (packed: empty for padding rows, so they stay at P = 0;
+    // unpacked: the CTA's, for every row).
     int lo[2], hi[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = r0 + 8 * h;
-        const KeyRange k =
-            rows.real(r, p) ? split_keys(token_keys(p, len, rows.token(r)), blockIdx.y, splits) : KeyRange{0, 0};
+        KeyRange k = keys;
+        if (PACK) {
+            k = rows.real(r, p) ? split_keys(token_keys(p, len, rows.token(r)), blockIdx.y, splits) : KeyRange{0, 0};
+        }
         lo[h] = k.start;
         hi[h] = k.end;
     }
@@ -393,7 +401,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
             wgmma_wait<0>();
 
             float alpha[2];
-            const bool inside = first >= cta.common.start && first + BN <= cta.common.end;
+            const bool inside = (!PACK || first >= cta.common.start) && first + BN <= cta.common.end;
             softmax_tile(s, m, l, alpha, first, inside, lo, hi, p.scale_log2, lane, sm, r0);
             if (lane % 4 == 0) {
                 sm.alpha()[r0] = alpha[0];

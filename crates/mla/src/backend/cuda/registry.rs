@@ -112,6 +112,9 @@ pub struct Variant {
     pub row_warps: usize,
     /// Tiles in the shared-memory ring (unused by the combine).
     pub stages: usize,
+    /// The wgmma kernel's variant for packed query tokens (`MLA_PACK`): each row masks to
+    /// its own keys. The other variant keeps one token's simpler loop.
+    pub packed: bool,
 }
 
 impl Variant {
@@ -132,6 +135,7 @@ impl Variant {
             Family::DecodeWgmma => d.extend([
                 format!("-DMLA_R={}", self.rope_dim),
                 format!("-DMLA_KV={}", self.kv),
+                format!("-DMLA_PACK={}", self.packed as u8),
             ]),
             Family::Combine => {}
         }
@@ -255,6 +259,7 @@ impl KernelShape {
             kv: kv_code(self.model, self.kv),
             row_warps,
             stages,
+            packed: false,
         }
     }
 }
@@ -322,21 +327,12 @@ fn mma_variant(heads: usize, shape: KernelShape, smem_limit: usize) -> Option<Va
         })
 }
 
-/// The query tokens of one request that one CTA of `family` takes: the wgmma kernel packs a
-/// request's tokens into its 64 rows when the heads leave room (16 heads x 4 tokens), so one
-/// read of the keys serves them all; the mma kernel takes one token a CTA.
-pub fn tokens_per_cta(family: Family, heads: usize, query_len: usize) -> usize {
-    match family {
-        Family::DecodeWgmma => splits::packed_tokens(heads, query_len),
-        _ => 1,
-    }
-}
-
-/// The stage-1 kernels of a decoder: its own, and on sm_90a, when that one is the mma kernel
-/// (few heads), the wgmma kernel that takes multi-token decodes with their tokens packed.
+/// The stage-1 kernels of a decoder: its own (one query token a CTA), and on sm_90a, for up
+/// to 32 heads, the wgmma kernel's packed variant, whose CTAs take several query tokens of a
+/// request (16 heads x 4 tokens: one read of the keys serves them all).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stage1 {
-    /// The kernel of single-token decodes.
+    /// The kernel of single-token decodes (and of multi-token ones that do not pack).
     pub decode: Variant,
     /// The kernel of multi-token decodes whose packed rows fill a wgmma tile enough.
     pub packed: Option<Variant>,
@@ -353,9 +349,11 @@ impl Stage1 {
         choice: KernelChoice,
     ) -> Option<Stage1> {
         let decode = decode_variant(heads, shape, smem_limit, wgmma, choice)?;
-        let packed = (wgmma && choice == KernelChoice::Auto && decode.family == Family::DecodeMma)
+        let packs = wgmma && choice != KernelChoice::Mma && 2 * heads <= WGMMA_TILE;
+        let packed = packs
             .then(|| wgmma_variant(shape, smem_limit))
-            .flatten();
+            .flatten()
+            .map(|v| Variant { packed: true, ..v });
         Some(Stage1 { decode, packed })
     }
 
@@ -363,14 +361,11 @@ impl Stage1 {
     /// its CTAs takes: the packed kernel when the packed rows (heads x tokens) reach
     /// [`WGMMA_MIN_HEADS`], the rule that picks wgmma for single tokens.
     pub fn launch(&self, heads: usize, query_len: usize) -> (Variant, usize) {
-        if let Some(w) = self.packed {
-            let tokens = tokens_per_cta(w.family, heads, query_len);
-            if heads * tokens >= WGMMA_MIN_HEADS {
-                return (w, tokens);
-            }
+        let tokens = splits::packed_tokens(heads, query_len);
+        match self.packed {
+            Some(w) if tokens > 1 && heads * tokens >= WGMMA_MIN_HEADS => (w, tokens),
+            _ => (self.decode, 1),
         }
-        let tokens = tokens_per_cta(self.decode.family, heads, query_len);
-        (self.decode, tokens)
     }
 
     /// Every stage-1 kernel the decoder can launch.
@@ -389,6 +384,7 @@ pub fn combine_variant(kv_lora_rank: usize, model: ModelDtype) -> Variant {
         kv: 0,
         row_warps: 0,
         stages: 0,
+        packed: false,
     }
 }
 
@@ -404,7 +400,7 @@ pub fn smem_limit_of_arch(major: u32, minor: u32) -> usize {
 
 /// Every variant the DeepSeek shapes (L = 512, R = 64) can use on an architecture: both model
 /// dtypes, every cache format, every row-group count that fits, and on sm_90a (`wgmma`) the
-/// wgmma kernels. What CI compiles.
+/// wgmma kernels (one token a CTA, and packed). What CI compiles.
 pub fn all_variants(smem_limit: usize, wgmma: bool) -> Vec<Variant> {
     let mut out = Vec::new();
     for model in [ModelDtype::Bf16, ModelDtype::F16] {
@@ -422,7 +418,7 @@ pub fn all_variants(smem_limit: usize, wgmma: bool) -> Vec<Variant> {
                 }
             }
             if wgmma && let Some(v) = wgmma_variant(KernelShape::deepseek(model, kv), smem_limit) {
-                out.push(v);
+                out.extend([v, Variant { packed: true, ..v }]);
             }
         }
         out.push(combine_variant(512, model));
@@ -546,41 +542,54 @@ mod tests {
         let choose = |heads, wgmma, choice| {
             Stage1::choose(heads, bf16(KvFormat::Bf16), 232_448, wgmma, choice).unwrap()
         };
-        let family = |s: Stage1, heads, q| {
+        // (family, packed variant, tokens a CTA) a decode launches.
+        let launch = |s: Stage1, heads, q| {
             let (v, t) = s.launch(heads, q);
-            (v.family, t)
+            (v.family, v.packed, t)
         };
         let (w, m) = (Family::DecodeWgmma, Family::DecodeMma);
-        // heads, query_len -> kernel, tokens a CTA, on sm_90a (auto).
+        // heads, query_len -> what launches on sm_90a (auto).
         for (heads, q, want) in [
-            (16, 1, (m, 1)),
-            (16, 2, (w, 2)),
-            (16, 4, (w, 4)),
-            (16, 8, (w, 4)), // 64 rows: two token blocks a request
-            (8, 2, (m, 1)),  // 16 rows: the mma kernel
-            (8, 3, (w, 3)),
-            (4, 4, (m, 1)), // 16 rows: not worth a 64-row tile
-            (1, 8, (m, 1)),
-            (20, 3, (w, 3)),
-            (32, 2, (w, 2)),
-            (33, 2, (w, 1)),
-            (128, 4, (w, 1)),
+            (16, 1, (m, false, 1)),
+            (16, 2, (w, true, 2)),
+            (16, 4, (w, true, 4)),
+            (16, 8, (w, true, 4)), // 64 rows: two token blocks a request
+            (8, 2, (m, false, 1)), // 16 rows: not worth a 64-row tile
+            (8, 3, (w, true, 3)),
+            (4, 4, (m, false, 1)),
+            (1, 8, (m, false, 1)),
+            (20, 1, (w, false, 1)),
+            (20, 3, (w, true, 3)),
+            (32, 2, (w, true, 2)),
+            (33, 2, (w, false, 1)),
+            (128, 4, (w, false, 1)),
         ] {
             assert_eq!(
-                family(choose(heads, true, Auto), heads, q),
+                launch(choose(heads, true, Auto), heads, q),
                 want,
                 "{heads} heads, {q} tokens"
             );
         }
-        // MLA_KERNEL=mma never packs; MLA_KERNEL=wgmma packs at every head count; before
-        // Hopper there is no wgmma kernel.
-        assert_eq!(family(choose(16, true, Mma), 16, 4), (m, 1));
-        assert_eq!(family(choose(4, true, Wgmma), 4, 4), (w, 4));
-        assert_eq!(family(choose(4, true, Wgmma), 4, 100), (w, 16));
-        assert_eq!(family(choose(16, false, Auto), 16, 4), (m, 1));
-        assert_eq!(choose(16, true, Auto).variants().count(), 2);
-        assert_eq!(choose(128, true, Auto).variants().count(), 1);
-        assert_eq!(choose(16, false, Auto).variants().count(), 1);
+        // MLA_KERNEL=mma never packs; MLA_KERNEL=wgmma runs the wgmma kernel everywhere and
+        // packs as auto does; before Hopper there is no wgmma kernel.
+        assert_eq!(launch(choose(16, true, Mma), 16, 4), (m, false, 1));
+        assert_eq!(launch(choose(4, true, Wgmma), 4, 4), (w, false, 1));
+        assert_eq!(launch(choose(4, true, Wgmma), 4, 100), (w, true, 16));
+        assert_eq!(launch(choose(16, false, Auto), 16, 4), (m, false, 1));
+        // Warmup builds what can launch: the packed variant for up to 32 heads on Hopper.
+        let count = |heads, wgmma| choose(heads, wgmma, Auto).variants().count();
+        assert_eq!(
+            (count(16, true), count(32, true), count(33, true)),
+            (2, 2, 1)
+        );
+        assert_eq!(count(16, false), 1);
+        assert!(
+            choose(16, true, Auto)
+                .packed
+                .unwrap()
+                .defines()
+                .contains(&"-DMLA_PACK=1".to_string())
+        );
     }
 
     #[test]
