@@ -223,8 +223,8 @@ __device__ __forceinline__ unsigned char* p_slot(const Smem& sm, int r0, int lan
 /// running max m (base 2, scaled; the scale is positive, so the max of raw scores times the
 /// scale is the max of the scaled ones) and the row sums l (of the unrounded P) updated,
 /// alpha = 2^(m_old - m), exactly 1 when the max did not move. P = 2^(s * scale - m)
-/// rounded to the model dtype goes to shared memory pair by pair as it is made. A row with
-/// no key yet (m = -inf: packed rows, padding rows) gets P = 0.
+/// rounded to the model dtype goes to shared memory pair by pair as it is made. A packed row
+/// with no key yet (m = -inf: its keys start later, or it is padding) gets P = 0.
 /// s[4j + e]: row r0 + 8 (e / 2), key 8j + 2 (lane % 4) + e % 2.
 __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                              int first, bool inside, const int (&lo)[2], const int (&hi)[2],
