@@ -3,7 +3,7 @@
 # (scripts/gpu/build.sh) and optionally .anchors/ carried. Writes every log into $OUT (the
 # folder that comes back), or ./results when $OUT is unset. The last lines printed are a
 # summary.
-#   scripts/gpu/run.sh [all|tests|try|memcheck|racecheck|pytest|bench|compare|ablate|profile|dcp|mtp|anchors] ...
+#   scripts/gpu/run.sh [all|tests|try|memcheck|racecheck|pytest|bench|compare|sweep|ablate|profile|dcp|mtp|anchors] ...
 # `ablate` times the wgmma kernel with parts switched off (MLA_EXTRA_DEFINES, see
 # kernels/decode_wgmma/NOTES.md); `dcp` runs the two-GPU DCP test and `mla bench --dcp 2`
 # (needs two GPUs).
@@ -145,6 +145,25 @@ if has compare; then
 64 16 8192 fp8 --query-len 4
 CASES
   python3 scripts/gpu/compare_table.py "$out/compare.txt"
+fi
+
+if has sweep; then
+  # Split counts against the fill rule's choice (`mla bench --splits`), on the small batches
+  # the rule decides: what a retuned rule (or the GPU scheduler) could gain.
+  while read -r b h c kv; do
+    bench_row "rule $b $h $c $kv" "" "" sweep --batch "$b" --heads "$h" --ctx "$c" --kv-dtype "$kv"
+    for n in ${MLA_SWEEP_SPLITS:-8 16 32 48 64 96 128}; do
+      bench_row "splits=$n $b $h $c $kv" "" "" sweep --batch "$b" --heads "$h" --ctx "$c" \
+        --kv-dtype "$kv" --splits "$n"
+    done
+  done <<'CASES'
+1 128 8192 bf16
+1 128 1024 bf16
+1 16 8192 bf16
+8 128 4096 bf16
+4 16 32768 bf16
+CASES
+  python3 scripts/gpu/compare_table.py "$out/sweep.txt"
 fi
 
 if has ablate; then

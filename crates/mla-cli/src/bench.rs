@@ -53,6 +53,10 @@ pub struct BenchArgs {
     /// Draw lengths uniformly in [ctx/8, ctx] instead of all ctx.
     #[arg(long)]
     varlen: bool,
+    /// A fixed split count instead of the device's rule (to time the split counts a rule
+    /// could pick; every case of the run takes it).
+    #[arg(long, value_parser = positive)]
+    splits: Option<usize>,
     /// Timed runs per case: CPU decodes, or GPU graph replays (default 5; anchors use 10).
     #[arg(long, value_parser = positive)]
     iters: Option<usize>,
@@ -91,6 +95,8 @@ struct Case {
     causal: bool,
     window: Option<usize>,
     varlen: bool,
+    /// `--splits`: the split count asked for (None: the device's rule).
+    fixed_splits: Option<usize>,
 }
 
 /// What a case measured.
@@ -136,12 +142,14 @@ impl BenchArgs {
             causal: self.causal,
             window: self.window,
             varlen: self.varlen,
+            fixed_splits: self.splits,
         }
     }
 }
 
-/// The default grid: DeepSeek-V3 shapes (576-wide rows, page 64), sized for a CPU.
-fn grid() -> Vec<Case> {
+/// The default grid: DeepSeek-V3 shapes (576-wide rows, page 64), sized for a CPU, with
+/// `fixed_splits` (`--splits`) for every case.
+fn grid(fixed_splits: Option<usize>) -> Vec<Case> {
     let mut cases = Vec::new();
     for heads in [16, 128] {
         for kv in ["bf16", "fp8"] {
@@ -156,6 +164,7 @@ fn grid() -> Vec<Case> {
                     causal: true,
                     window: None,
                     varlen: false,
+                    fixed_splits,
                 });
             }
         }
@@ -179,7 +188,7 @@ pub fn run(args: &BenchArgs) -> mla::Result<()> {
     let cases = if args.has_case() {
         vec![args.case()]
     } else {
-        grid()
+        grid(args.splits)
     };
     let iters = args.iters.unwrap_or(5);
     let mut progress = Progress::new(cases.len(), args.json);
@@ -214,6 +223,7 @@ fn config(case: &Case) -> mla::Result<(MlaConfig, CacheDtype)> {
     let mut cfg = MlaConfig::new(case.heads, 192f32.powf(-0.5));
     cfg.kv_cache_dtype = cache;
     cfg.sliding_window = case.window;
+    cfg.num_kv_splits = case.fixed_splits;
     Ok((cfg, cache))
 }
 

@@ -65,6 +65,37 @@ fn bench_json_reports_the_fields_the_anchors_script_reads() {
 }
 
 #[test]
+fn bench_takes_a_fixed_split_count() {
+    // 700 keys would take 1 split under the CPU's rule; 7 are asked for and the result
+    // stays within the tolerances of the f64 reference.
+    let stdout = mla_ok(&[
+        "bench",
+        "--backend",
+        "cpu",
+        "--batch",
+        "2",
+        "--heads",
+        "4",
+        "--ctx",
+        "700",
+        "--splits",
+        "7",
+        "--iters",
+        "1",
+        "--json",
+    ]);
+    let last = stdout.lines().last().expect("a JSON line");
+    let v: serde_json::Value = serde_json::from_str(last).expect("JSON");
+    assert_eq!(v["num_kv_splits"], 7, "{last}");
+    assert_eq!(v["fixed_splits"], 7, "{last}");
+    assert!(v["err_o"].as_f64().unwrap() < 5e-3, "{last}");
+    let err = mla_usage_err(&["bench", "--batch", "1", "--heads", "8", "--splits", "0"]);
+    assert!(err.contains("expected a whole number >= 1"), "{err}");
+    let err = mla_usage_err(&["bench", "--batch", "1", "--heads", "8", "--splits", "5000"]);
+    assert!(err.contains("num_kv_splits"), "{err}");
+}
+
+#[test]
 fn bench_prints_a_table() {
     let stdout = mla_ok(&[
         "bench",

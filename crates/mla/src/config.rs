@@ -9,6 +9,10 @@ use crate::dtype::{CacheDtype, KvFormat, ModelDtype};
 use crate::error::{Capability, Error, Result};
 use crate::plan::SplitRule;
 
+/// The largest fixed split count a configuration may ask for (`MlaConfig::num_kv_splits`):
+/// the workspace grows with it, and the combine walks the splits in order.
+pub const MAX_FIXED_SPLITS: usize = 4096;
+
 /// vLLM's attention types; mla implements decoder self-attention only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionType {
@@ -109,6 +113,11 @@ pub struct MlaConfig {
     /// a GPU's SM count to make the CPU backend split exactly as vLLM's Triton kernel does on
     /// that GPU.
     pub split_units: Option<usize>,
+    /// A fixed split count for every decode instead of the device's rule (vLLM's Triton
+    /// kernel takes one as an argument), at most 4096: for tuning and benchmarks, as the
+    /// split count never changes which keys a row sees. None: the rule. Batch-invariant mode
+    /// takes 1.
+    pub num_kv_splits: Option<usize>,
 }
 
 impl MlaConfig {
@@ -128,6 +137,7 @@ impl MlaConfig {
             alibi_slopes: None,
             logits_soft_cap: None,
             split_units: None,
+            num_kv_splits: None,
         }
     }
 
@@ -173,10 +183,11 @@ impl MlaConfig {
         // Batch-invariant mode: one split. Else the CPU backend is the reference: vLLM's rule;
         // the GPU picks its split count with a small cost model (waves of CTAs, tiles per
         // CTA, partials moved by the combine).
-        let split_rule = match device {
+        let split_rule = match (device, self.num_kv_splits) {
             _ if self.batch_invariant => SplitRule::Single,
-            DeviceInfo::Cpu { .. } => SplitRule::Vllm { sm_count },
-            DeviceInfo::Cuda { capability, .. } => SplitRule::Fill {
+            (_, Some(splits)) => SplitRule::Fixed { splits },
+            (DeviceInfo::Cpu { .. }, None) => SplitRule::Vllm { sm_count },
+            (DeviceInfo::Cuda { capability, .. }, None) => SplitRule::Fill {
                 sm_count,
                 kv_lora_rank: self.kv_lora_rank,
                 max_splits: 64,
@@ -273,6 +284,21 @@ impl MlaConfig {
                 "split_units",
                 "expected None or at least 1, got 0",
             ));
+        }
+        match self.num_kv_splits {
+            Some(n) if !(1..=MAX_FIXED_SPLITS).contains(&n) => {
+                return Err(Error::config(
+                    "num_kv_splits",
+                    format!("expected None or 1 to {MAX_FIXED_SPLITS}, got {n}"),
+                ));
+            }
+            Some(n) if n > 1 && self.batch_invariant => {
+                return Err(Error::config(
+                    "num_kv_splits",
+                    format!("batch-invariant mode takes one split, got {n}"),
+                ));
+            }
+            _ => {}
         }
         if self.num_heads.checked_mul(self.dcp_world_size).is_none() {
             return Err(Error::config(
@@ -470,7 +496,7 @@ mod tests {
     #[test]
     fn ranges_are_checked() {
         type Break = fn(&mut MlaConfig);
-        let bad: [(&str, Break); 9] = [
+        let bad: [(&str, Break); 12] = [
             ("num_heads", |c| c.num_heads = 0),
             ("kv_lora_rank", |c| c.kv_lora_rank = 0),
             ("scale", |c| c.scale = f32::NAN),
@@ -478,6 +504,12 @@ mod tests {
             ("sliding_window", |c| c.sliding_window = Some(0)),
             ("dcp_world_size", |c| c.dcp_world_size = 0),
             ("split_units", |c| c.split_units = Some(0)),
+            ("num_kv_splits", |c| c.num_kv_splits = Some(0)),
+            ("num_kv_splits", |c| c.num_kv_splits = Some(4097)),
+            ("num_kv_splits", |c| {
+                c.num_kv_splits = Some(2);
+                c.batch_invariant = true;
+            }),
             ("num_heads", |c| c.num_heads = 1 << 17),
             ("kv_lora_rank", |c| c.kv_lora_rank = usize::MAX),
         ];
@@ -498,6 +530,22 @@ mod tests {
         let v = c.validate(&CPU).unwrap();
         assert_eq!(v.q_heads, 64);
         assert_eq!(v.head_dim(), 576);
+    }
+
+    #[test]
+    fn a_fixed_split_count_replaces_the_rule_on_every_device() {
+        for device in [CPU, gpu(9, 0), gpu(8, 0)] {
+            let mut c = cfg();
+            c.num_kv_splits = Some(7);
+            let v = c.validate(&device).unwrap();
+            assert_eq!(v.split_rule, SplitRule::Fixed { splits: 7 });
+            assert_eq!(v.splits(100_000, 3, 1), 7);
+        }
+        // One split is batch-invariant mode's own count.
+        let mut c = cfg();
+        c.num_kv_splits = Some(1);
+        c.batch_invariant = true;
+        assert_eq!(c.validate(&CPU).unwrap().split_rule, SplitRule::Single);
     }
 
     #[test]

@@ -72,6 +72,19 @@ fn many_splits_with_empty_ones() {
 }
 
 #[test]
+fn every_fixed_split_count_gives_the_same_rows() {
+    // The split count only cuts the work: 1 to 600 splits of 500 keys (most of them empty
+    // past 500) all match the reference, and each plan uses the count asked for.
+    for n in [1, 2, 7, 64, 600] {
+        let mut case = Case::new(spec(4, 16, &[500, 3, 0], 2, Mask::Causal));
+        case.fixed_splits = Some(n);
+        let r = run_case(&case, Device::Cpu);
+        assert_eq!(r.num_kv_splits, n);
+        assert_accurate(&case, r.accuracy);
+    }
+}
+
+#[test]
 fn zero_length_rows_give_zero_and_minus_infinity() {
     let case = Case::new(spec(3, 16, &[0, 5, 0], 2, Mask::Causal));
     let r = run_case(&case, Device::Cpu);
@@ -159,6 +172,7 @@ prop_compose! {
         batch_invariant in proptest::bool::weighted(0.2),
         split_q in any::<bool>(),
         split_units in proptest::option::of(1usize..=132),
+        fixed_splits in proptest::option::weighted(0.2, 1usize..=40),
         pads in (0usize..3, 0usize..70),
         len_draws in proptest::collection::vec(0.0f64..1.0, 4),
         seed in any::<u64>(),
@@ -172,7 +186,9 @@ prop_compose! {
         s.token_pad = pads.0 * 8;
         s.page_pad = pads.1;
         s.seed = seed;
-        Case { spec: s, window, batch_invariant, split_q, split_units }
+        // A fixed count above 1 contradicts batch-invariant mode (a config error).
+        let fixed_splits = fixed_splits.filter(|_| !batch_invariant);
+        Case { spec: s, window, batch_invariant, split_q, split_units, fixed_splits }
     }
 }
 
@@ -188,6 +204,9 @@ proptest! {
         );
         if case.batch_invariant {
             prop_assert_eq!(r.num_kv_splits, 1);
+        }
+        if let Some(n) = case.fixed_splits {
+            prop_assert_eq!(r.num_kv_splits, n);
         }
     }
 }

@@ -186,6 +186,7 @@ prop_compose! {
         window in proptest::option::weighted(0.3, 1usize..3000),
         batch_invariant in proptest::bool::weighted(0.2),
         split_q in any::<bool>(),
+        fixed_splits in proptest::option::weighted(0.2, 1usize..=80),
         len_draws in proptest::collection::vec(0.0f64..1.0, 5),
         seed in any::<u64>(),
     ) -> Case {
@@ -193,7 +194,9 @@ prop_compose! {
         let lens: Vec<usize> = len_draws[..requests].iter().map(|u| (u * max_len as f64) as usize).collect();
         let mut s = spec(heads, page, &lens, q_len, if causal { Mask::Causal } else { Mask::NonCausal }).with_format(model, kv);
         s.seed = seed;
-        Case { spec: s, window, batch_invariant, split_q, split_units: None }
+        // A fixed count above 1 contradicts batch-invariant mode (a config error).
+        let fixed_splits = fixed_splits.filter(|_| !batch_invariant);
+        Case { spec: s, window, batch_invariant, split_q, split_units: None, fixed_splits }
     }
 }
 

@@ -57,6 +57,12 @@ pub enum SplitRule {
     },
     /// One split per row: batch-invariant mode (a row's result never depends on the batch).
     Single,
+    /// The same count for every batch (`MlaConfig::num_kv_splits`): for tuning and
+    /// benchmarks.
+    Fixed {
+        /// Splits per row.
+        splits: usize,
+    },
 }
 
 impl SplitRule {
@@ -65,6 +71,7 @@ impl SplitRule {
     pub fn splits(self, max_kv_len: usize, rows: usize, query_len: usize, heads: usize) -> usize {
         match self {
             SplitRule::Single => 1,
+            SplitRule::Fixed { splits } => splits,
             SplitRule::Vllm { sm_count } => num_kv_splits(max_kv_len, sm_count),
             SplitRule::Fill { max_splits, .. } => {
                 // A split keeps at least MIN_TILES tiles to amortize its fixed costs.
@@ -151,7 +158,7 @@ impl SplitRule {
     /// `max_kv_len` keys can need: what the workspace is reserved for.
     pub fn max_row_splits(self, max_rows: usize, max_kv_len: usize, heads: usize) -> usize {
         match self {
-            SplitRule::Single | SplitRule::Vllm { .. } => {
+            SplitRule::Single | SplitRule::Fixed { .. } | SplitRule::Vllm { .. } => {
                 max_rows.saturating_mul(self.splits(max_kv_len, max_rows, 1, heads))
             }
             // The count is not monotone in rows, and packed tokens make fewer CTAs than
@@ -183,6 +190,7 @@ impl SplitRule {
     pub fn warmup_counts(self, max_span: usize, heads: usize) -> Vec<usize> {
         match self {
             SplitRule::Single => vec![1],
+            SplitRule::Fixed { splits } => vec![splits],
             SplitRule::Vllm { sm_count } => warmup_split_counts(max_span, sm_count, false),
             SplitRule::Fill { .. } => {
                 // The most splits come with the fewest CTAs: one request (its tokens packed
@@ -363,6 +371,11 @@ mod tests {
         }
         assert_eq!(rule.max_row_splits(64, 1 << 20, 128), 64);
         assert_eq!(rule.warmup_counts(1 << 20, 128), [1]);
+        let fixed = SplitRule::Fixed { splits: 5 };
+        assert_eq!(fixed.splits(0, 1, 1, 16), 5);
+        assert_eq!(fixed.splits(1 << 20, 64, 4, 16), 5);
+        assert_eq!(fixed.max_row_splits(64, 1 << 20, 16), 320);
+        assert_eq!(fixed.warmup_counts(8192, 16), [5]);
         let fill = SplitRule::Fill {
             sm_count: 132,
             kv_lora_rank: 512,

@@ -24,6 +24,8 @@ pub struct Case {
     pub split_q: bool,
     /// Overrides the SM count of the split rule (to reach many splits on a small CPU).
     pub split_units: Option<usize>,
+    /// A fixed split count instead of the rule (`MlaConfig::num_kv_splits`).
+    pub fixed_splits: Option<usize>,
 }
 
 impl Case {
@@ -34,6 +36,7 @@ impl Case {
             batch_invariant: false,
             split_q: false,
             split_units: None,
+            fixed_splits: None,
         }
     }
 
@@ -46,6 +49,7 @@ impl Case {
         c.sliding_window = self.window;
         c.batch_invariant = self.batch_invariant;
         c.split_units = self.split_units;
+        c.num_kv_splits = self.fixed_splits;
         c
     }
 }
