@@ -407,8 +407,8 @@ impl CudaBackend {
         let mut params = DecodeParams::new(plan, &ptr);
         params.tokens_per_cta = tokens as i32; // at most the query length, an i32
         // A CTA takes `tokens` query tokens of one request and, of each, a block of heads:
-        // all of them when tokens are packed (the kernels' grid layout).
-        let heads_per_cta = if tokens > 1 {
+        // all of them in the packed variant (the kernels' grid layout; its `per_token`).
+        let heads_per_cta = if decode.packed {
             plan.heads
         } else {
             16 * decode.row_warps
