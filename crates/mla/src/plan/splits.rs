@@ -20,11 +20,14 @@ pub const WGMMA_ROWS: usize = 64;
 /// 4096 keys, bf16 and fp8 caches).
 pub const WGMMA_MIN_ROWS: usize = 17;
 
-/// The query tokens of one request that one CTA of the wgmma kernel takes: as many as fit
-/// its 64 rows next to the heads (16 heads x 4 tokens), so one read of the keys serves them
-/// all; 1 when the heads fill the rows.
-pub fn packed_tokens(heads: usize, query_len: usize) -> usize {
-    query_len.min(WGMMA_ROWS / heads.max(1)).max(1)
+/// Whether a request's query tokens pack into the wgmma kernel's CTAs, and how many each
+/// takes: as many as fit its 64 rows next to the heads (16 heads x 4 tokens, so one read of
+/// the keys serves them all), when that is at least 2 and the rows reach [`WGMMA_MIN_ROWS`].
+/// The one rule both the kernels' choice (`backend::cuda::registry::Stage1`) and the fill
+/// rule's model of their grids follow.
+pub fn packing(heads: usize, query_len: usize) -> Option<usize> {
+    let tokens = query_len.min(WGMMA_ROWS / heads.max(1));
+    (tokens > 1 && heads * tokens >= WGMMA_MIN_ROWS).then_some(tokens)
 }
 
 /// Keys per split that vLLM's rule aims at.
@@ -52,7 +55,7 @@ pub enum SplitRule {
         /// Most splits a row gets (the combine walks them in order).
         max_splits: usize,
         /// Whether the GPU runs the wgmma kernel (sm_90a), which packs the query tokens of
-        /// few-head requests into one CTA ([`packed_tokens`]).
+        /// few-head requests into one CTA ([`packing`]).
         wgmma: bool,
     },
     /// One split per row: batch-invariant mode (a row's result never depends on the batch).
@@ -144,10 +147,8 @@ impl SplitRule {
     /// sm_90a where a few-head request's tokens share a CTA when their rows reach
     /// [`WGMMA_MIN_ROWS`].
     pub fn ctas_per_split(self, rows: usize, query_len: usize, heads: usize) -> (usize, usize) {
-        let query_len = query_len.max(1);
-        let tokens = packed_tokens(heads, query_len);
         let wgmma = matches!(self, SplitRule::Fill { wgmma: true, .. });
-        if wgmma && tokens > 1 && heads * tokens >= WGMMA_MIN_ROWS {
+        if wgmma && let Some(tokens) = packing(heads, query_len) {
             let requests = rows.div_ceil(query_len);
             return (requests * query_len.div_ceil(tokens), heads * tokens);
         }

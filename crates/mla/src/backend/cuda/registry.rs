@@ -358,12 +358,11 @@ impl Stage1 {
     }
 
     /// The kernel a decode of `query_len` tokens a request launches, and the tokens each of
-    /// its CTAs takes: the packed kernel when the packed rows (heads x tokens) reach
-    /// [`WGMMA_MIN_HEADS`], the rule that picks wgmma for single tokens.
+    /// its CTAs takes: the packed kernel where the tokens pack ([`splits::packing`]: the
+    /// packed rows reach [`WGMMA_MIN_HEADS`], the rule that picks wgmma for single tokens).
     pub fn launch(&self, heads: usize, query_len: usize) -> (Variant, usize) {
-        let tokens = splits::packed_tokens(heads, query_len);
-        match self.packed {
-            Some(w) if tokens > 1 && heads * tokens >= WGMMA_MIN_HEADS => (w, tokens),
+        match (self.packed, splits::packing(heads, query_len)) {
+            (Some(w), Some(tokens)) => (w, tokens),
             _ => (self.decode, 1),
         }
     }
