@@ -85,15 +85,19 @@ impl MlaDecode {
         self.backend.name()
     }
 
-    /// What computed stage 1 of the last decode: `cpu`, or the CUDA kernel's entry point
-    /// (`mla_decode_split` for the mma.sync family, `mla_decode_wgmma` on Hopper; before any
-    /// decode, the one a single-token decode launches), so that a measurement can say which
-    /// kernel it timed.
-    pub fn kernel_name(&self) -> &'static str {
+    /// What computes stage 1 of a decode of `query_len` tokens a request: `cpu`, or the CUDA
+    /// kernel's entry point (`mla_decode_split` for the mma.sync family, `mla_decode_wgmma`
+    /// on Hopper, which few-head multi-token decodes also take), so that a measurement can
+    /// say which kernel it timed.
+    pub fn kernel_name(&self, query_len: usize) -> &'static str {
         #[cfg(feature = "cuda")]
-        if let Some(v) = self.cuda_backend().and_then(|c| c.decode_variant()) {
+        if let Some(v) = self
+            .cuda_backend()
+            .and_then(|c| c.decode_variant(self.config.q_heads, query_len))
+        {
             return v.family.entry();
         }
+        let _ = query_len;
         self.backend.name()
     }
 

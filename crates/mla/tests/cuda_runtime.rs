@@ -243,7 +243,7 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         } else {
             Family::DecodeMma
         };
-        assert_eq!(dec.kernel_name(), launched.entry());
+        assert_eq!(dec.kernel_name(q_len), launched.entry());
         let built = dec.cuda_backend().unwrap().builds().len();
         assert_eq!(built, families.len(), "forward built a kernel after warmup");
     }

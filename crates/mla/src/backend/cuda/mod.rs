@@ -53,8 +53,6 @@ pub struct CudaBackend {
     kernels: HashMap<Variant, CudaFunction>,
     /// What `configure` chose for the decoder's configuration.
     chosen: Option<ConfigKernels>,
-    /// The stage-1 kernel of the last decode launched.
-    launched: Option<Variant>,
     /// Variants built (compiled or read from disk) and loaded by this backend.
     builds: Vec<Built>,
     workspace: Option<CudaSlice<u8>>,
@@ -109,7 +107,6 @@ impl CudaBackend {
             smem_limit,
             kernels: HashMap::new(),
             chosen: None,
-            launched: None,
             builds: Vec::new(),
             workspace: None,
             error_flag,
@@ -222,14 +219,13 @@ impl CudaBackend {
             stage1,
             combine: registry::combine_variant(l, cfg.model_dtype),
         });
-        self.launched = None;
         Ok(())
     }
 
-    /// The stage-1 kernel of the last decode; before any, the one a single-token decode
+    /// The stage-1 kernel a decode of `query_len` tokens a request over `heads` heads
     /// launches (None before the backend is configured).
-    pub fn decode_variant(&self) -> Option<Variant> {
-        self.launched.or(self.chosen.map(|k| k.stage1.decode))
+    pub fn decode_variant(&self, heads: usize, query_len: usize) -> Option<Variant> {
+        self.chosen.map(|k| k.stage1.launch(heads, query_len).0)
     }
 
     fn chosen(&self) -> Result<ConfigKernels> {
@@ -429,7 +425,6 @@ impl CudaBackend {
             decode.smem_bytes() as u32,
             &params,
         )?;
-        self.launched = Some(decode);
         if plan.num_kv_splits > 1 {
             let f = self.kernel(k.combine)?.clone();
             let grid = (plan.rows as u32, plan.heads.div_ceil(4) as u32);
