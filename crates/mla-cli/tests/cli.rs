@@ -17,6 +17,14 @@ fn mla_ok(args: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("utf-8 stdout")
 }
 
+/// The last JSON line of a successful `mla bench --json` run, as text and parsed.
+fn bench_json(args: &[&str]) -> (String, serde_json::Value) {
+    let stdout = mla_ok(args);
+    let last = stdout.lines().last().expect("a JSON line").to_owned();
+    let v = serde_json::from_str(&last).expect("JSON");
+    (last, v)
+}
+
 /// stderr of an mla run that must fail as a usage error: exit code 2, no panic.
 fn mla_usage_err(args: &[&str]) -> String {
     let out = mla(args);
@@ -28,7 +36,7 @@ fn mla_usage_err(args: &[&str]) -> String {
 
 #[test]
 fn bench_json_reports_the_fields_the_anchors_script_reads() {
-    let stdout = mla_ok(&[
+    let (last, v) = bench_json(&[
         "bench",
         "--backend",
         "cpu",
@@ -49,8 +57,6 @@ fn bench_json_reports_the_fields_the_anchors_script_reads() {
         "2",
         "--json",
     ]);
-    let last = stdout.lines().last().expect("a JSON line");
-    let v: serde_json::Value = serde_json::from_str(last).expect("JSON");
     for key in ["us", "TBps", "TFLOPs", "err_o", "err_lse", "num_kv_splits"] {
         assert!(
             v[key].as_f64().is_some_and(|x| x.is_finite() && x >= 0.0),
@@ -68,7 +74,7 @@ fn bench_json_reports_the_fields_the_anchors_script_reads() {
 fn bench_takes_a_fixed_split_count() {
     // 700 keys would take 1 split under the CPU's rule; 7 are asked for and the result
     // stays within the tolerances of the f64 reference.
-    let stdout = mla_ok(&[
+    let (last, v) = bench_json(&[
         "bench",
         "--backend",
         "cpu",
@@ -84,8 +90,6 @@ fn bench_takes_a_fixed_split_count() {
         "1",
         "--json",
     ]);
-    let last = stdout.lines().last().expect("a JSON line");
-    let v: serde_json::Value = serde_json::from_str(last).expect("JSON");
     assert_eq!(v["num_kv_splits"], 7, "{last}");
     assert_eq!(v["fixed_splits"], 7, "{last}");
     assert!(v["err_o"].as_f64().unwrap() < 5e-3, "{last}");
