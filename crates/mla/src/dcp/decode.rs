@@ -16,7 +16,6 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use half::{bf16, f16};
 
 use super::ffi::DeviceBytes;
 use super::group::DcpGroup;
@@ -25,8 +24,9 @@ use super::params::DcpParams;
 use crate::args::{DecodeInputs, DecodeOutputs};
 use crate::backend::cuda::address;
 use crate::backend::cuda::ffi::launch;
-use crate::dtype::{CacheDtype, DType, ModelDtype};
+use crate::dtype::{CacheDtype, DType};
 use crate::error::{Error, Result};
+use crate::synth::device::DeviceHalf;
 use crate::tensor::{Location, TensorMut, TensorRef};
 use crate::{DecodePlan, Device, MlaConfig, MlaDecode};
 
@@ -44,39 +44,11 @@ pub enum DcpMerge {
     AllToAll,
 }
 
-/// Model-dtype device memory.
-#[derive(Debug)]
-enum Half {
-    Bf16(CudaSlice<bf16>),
-    F16(CudaSlice<f16>),
-}
-
-impl Half {
-    fn zeros(s: &Arc<CudaStream>, dtype: ModelDtype, n: usize) -> Result<Half> {
-        let d = Error::driver("allocate a dcp buffer");
-        Ok(match dtype {
-            ModelDtype::Bf16 => Half::Bf16(s.alloc_zeros(n.max(1)).map_err(d)?),
-            ModelDtype::F16 => Half::F16(s.alloc_zeros(n.max(1)).map_err(d)?),
-        })
-    }
-
-    fn ptr(&self, s: &CudaStream) -> u64 {
-        self.bytes(s).ptr()
-    }
-
-    fn bytes(&self, s: &CudaStream) -> DeviceBytes {
-        match self {
-            Half::Bf16(v) => DeviceBytes::of(v, s),
-            Half::F16(v) => DeviceBytes::of(v, s),
-        }
-    }
-
-    fn view_mut(&mut self, shape: [usize; 3]) -> Result<TensorMut<'_, 3>> {
-        let strides = crate::tensor::contiguous_strides(shape);
-        match self {
-            Half::Bf16(v) => TensorMut::from_cuda(v, shape, strides),
-            Half::F16(v) => TensorMut::from_cuda(v, shape, strides),
-        }
+/// The bytes of a model-dtype buffer, for NCCL.
+fn half_bytes(h: &DeviceHalf, s: &CudaStream) -> DeviceBytes {
+    match h {
+        DeviceHalf::Bf16(v) => DeviceBytes::of(v, s),
+        DeviceHalf::F16(v) => DeviceBytes::of(v, s),
     }
 }
 
@@ -89,14 +61,14 @@ struct Buffers {
     max_rows: usize,
     max_requests: usize,
     local_lens: CudaSlice<i32>,
-    part_o: Half,
+    part_o: DeviceHalf,
     part_lse: CudaSlice<f32>,
     lse_all: CudaSlice<f32>,
     scaled_o: CudaSlice<f32>,
     summed_o: CudaSlice<f32>,
-    packed_o: Half,
+    packed_o: DeviceHalf,
     packed_lse: CudaSlice<f32>,
-    gathered_o: Half,
+    gathered_o: DeviceHalf,
     gathered_lse: CudaSlice<f32>,
 }
 
@@ -239,14 +211,14 @@ impl DcpDecode {
             local_lens: s
                 .alloc_zeros::<i32>(max_requests.max(1))
                 .map_err(Error::driver("allocate a dcp buffer"))?,
-            part_o: Half::zeros(&s, dtype, o_n)?,
+            part_o: DeviceHalf::zeros(&s, dtype, o_n, "allocate a dcp buffer")?,
             part_lse: f32s(lse_n)?,
             lse_all: f32s(ag_n * lse_n.checked_mul(n).ok_or_else(overflow)?)?,
             scaled_o: f32s(ag_n * o_n)?,
             summed_o: f32s(ag_n * (o_n / n))?,
-            packed_o: Half::zeros(&s, dtype, a2a_n * o_n)?,
+            packed_o: DeviceHalf::zeros(&s, dtype, a2a_n * o_n, "allocate a dcp buffer")?,
             packed_lse: f32s(a2a_n * lse_n)?,
-            gathered_o: Half::zeros(&s, dtype, a2a_n * o_n)?,
+            gathered_o: DeviceHalf::zeros(&s, dtype, a2a_n * o_n, "allocate a dcp buffer")?,
             gathered_lse: f32s(a2a_n * lse_n)?,
         };
         s.synchronize().map_err(Error::driver("synchronize"))?;
@@ -409,14 +381,14 @@ impl DcpDecode {
                 ))?;
         let [o_row, o_head, _] = outputs.o.strides();
         let params = DcpParams {
-            part_o: bufs.part_o.ptr(&s),
+            part_o: half_bytes(&bufs.part_o, &s).ptr(),
             part_lse: address(&bufs.part_lse, &s),
             lse_all: address(&bufs.lse_all, &s),
             scaled_o: address(&bufs.scaled_o, &s),
             summed_o: address(&bufs.summed_o, &s),
-            packed_o: bufs.packed_o.ptr(&s),
+            packed_o: half_bytes(&bufs.packed_o, &s).ptr(),
             packed_lse: address(&bufs.packed_lse, &s),
-            gathered_o: bufs.gathered_o.ptr(&s),
+            gathered_o: half_bytes(&bufs.gathered_o, &s).ptr(),
             gathered_lse: address(&bufs.gathered_lse, &s),
             o: o_ptr,
             o_row: o_row as i64,
@@ -470,7 +442,11 @@ impl DcpDecode {
                 let slot_o = rows * h * l * 2; // 16-bit model dtype
                 let slot_lse = rows * h * 4;
                 let buffers = [
-                    (bufs.packed_o.bytes(&s), bufs.gathered_o.bytes(&s), slot_o),
+                    (
+                        half_bytes(&bufs.packed_o, &s),
+                        half_bytes(&bufs.gathered_o, &s),
+                        slot_o,
+                    ),
                     (
                         DeviceBytes::of(&bufs.packed_lse, &s),
                         DeviceBytes::of(&bufs.gathered_lse, &s),

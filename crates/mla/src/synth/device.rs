@@ -1,5 +1,6 @@
 //! Problems and outputs on a CUDA device, for tests and `mla bench`: uploads on the decoder's
-//! stream, device views shaped like the host ones, NaN-poisoned outputs, downloads.
+//! stream, device views shaped like the host ones, NaN-poisoned outputs, downloads. Also the
+//! model-dtype device buffer (`DeviceHalf`) that decode context parallelism allocates.
 
 use std::sync::Arc;
 
@@ -37,6 +38,35 @@ impl DeviceHalf {
             HalfBuf::Bf16(v) => DeviceHalf::Bf16(upload(s, v)?),
             HalfBuf::F16(v) => DeviceHalf::F16(upload(s, v)?),
         })
+    }
+
+    /// `n` zeros (at least one element, so that the address is valid), ordered on `s`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] (`what`: the allocation's purpose).
+    pub fn zeros(
+        s: &Arc<CudaStream>,
+        dtype: ModelDtype,
+        n: usize,
+        what: &'static str,
+    ) -> Result<DeviceHalf> {
+        let d = Error::driver(what);
+        Ok(match dtype {
+            ModelDtype::Bf16 => DeviceHalf::Bf16(s.alloc_zeros(n.max(1)).map_err(d)?),
+            ModelDtype::F16 => DeviceHalf::F16(s.alloc_zeros(n.max(1)).map_err(d)?),
+        })
+    }
+
+    /// A row-major writable view of its first `shape` elements.
+    ///
+    /// # Errors
+    /// [`Error::Memory`] if the buffer is shorter than the shape.
+    pub fn view_mut<const N: usize>(&mut self, shape: [usize; N]) -> Result<TensorMut<'_, N>> {
+        let strides = contiguous_strides(shape);
+        match self {
+            DeviceHalf::Bf16(v) => TensorMut::from_cuda(v, shape, strides),
+            DeviceHalf::F16(v) => TensorMut::from_cuda(v, shape, strides),
+        }
     }
 
     /// All of it as one flat view, to take sub-views of.
@@ -210,13 +240,8 @@ impl DeviceOutputs {
     /// Never for outputs made here; kept fallible like every view.
     pub fn views(&mut self) -> Result<DecodeOutputs<'_>> {
         let [rows, h, _] = self.shape;
-        let strides = contiguous_strides(self.shape);
-        let o = match &mut self.o {
-            DeviceHalf::Bf16(v) => TensorMut::from_cuda(v, self.shape, strides)?,
-            DeviceHalf::F16(v) => TensorMut::from_cuda(v, self.shape, strides)?,
-        };
         Ok(DecodeOutputs {
-            o,
+            o: self.o.view_mut(self.shape)?,
             lse: TensorMut::from_cuda(&mut self.lse, [rows, h], [h, 1])?,
         })
     }
