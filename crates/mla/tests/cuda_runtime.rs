@@ -8,7 +8,6 @@ mod common;
 use common::gpu::{self, DeviceCache, DeviceOutputs, DeviceProblem};
 use common::{Case, LSE_TOL, O_TOL, spec};
 use mla::backend::cuda::registry::{self, Family};
-use mla::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use mla::reference;
 use mla::synth::HalfBuf;
 use mla::synth::device::DeviceHalf;
@@ -45,13 +44,8 @@ fn a_captured_decode_replays_with_new_lengths_and_tables() {
 
         let graph = {
             let inputs = dp.inputs(&p, false).unwrap();
-            st.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .unwrap();
-            let captured = dec.forward(&inputs, &mut out.views().unwrap());
-            let graph = st
-                .end_capture(CUgraphInstantiate_flags(0))
-                .unwrap()
-                .expect("a graph");
+            let (graph, captured) =
+                gpu::capture(&st, || dec.forward(&inputs, &mut out.views().unwrap()));
             let plan = captured.expect("forward is capturable");
             assert!(
                 splits.contains(&plan.num_kv_splits),
@@ -353,13 +347,8 @@ fn a_captured_decode_reads_a_new_k_scale_from_the_device() {
             k_scale_tensor: Some(TensorRef::from_cuda(&scale, [1], [1]).unwrap()),
             ..dp.inputs(&p, false).unwrap()
         };
-        st.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .unwrap();
-        let captured = dec.forward(&inputs, &mut out.views().unwrap());
-        let graph = st
-            .end_capture(CUgraphInstantiate_flags(0))
-            .unwrap()
-            .expect("a graph");
+        let (graph, captured) =
+            gpu::capture(&st, || dec.forward(&inputs, &mut out.views().unwrap()));
         captured.unwrap();
         graph
     };

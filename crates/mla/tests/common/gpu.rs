@@ -2,7 +2,8 @@
 //! case, and compare with the CPU backend and the f64 reference.
 #![allow(dead_code)]
 
-use mla::cudarc::driver::CudaStream;
+use mla::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use mla::cudarc::driver::{CudaGraph, CudaStream};
 use mla::reference::{self, Accuracy, Reference};
 use mla::synth::{Outputs, Problem};
 use mla::{DecodePlan, Device, Error, MlaConfig, MlaDecode};
@@ -12,6 +13,18 @@ use std::sync::Arc;
 pub use mla::synth::device::{DeviceCache, DeviceOutputs, DeviceProblem};
 
 use super::{Case, LSE_TOL, O_TOL};
+
+/// What `launch` enqueues on `st`, captured into a graph (not run), and what it returned.
+pub fn capture<T>(st: &Arc<CudaStream>, launch: impl FnOnce() -> T) -> (CudaGraph, T) {
+    st.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    let returned = launch();
+    let graph = st
+        .end_capture(CUgraphInstantiate_flags(0))
+        .unwrap()
+        .expect("a graph");
+    (graph, returned)
+}
 
 /// The decoder on CUDA device 0, or None where there is none. The first skip of a test
 /// binary says why on stderr, written directly so that the test harness does not hide it.
