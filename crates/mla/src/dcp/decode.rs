@@ -493,20 +493,8 @@ fn check_outputs(dec: &DcpDecode, rows: usize, out: &DecodeOutputs<'_>) -> Resul
     let ordinal = dec.group.ordinal();
     let o = device_ptr_on("o", out.o.device_ptr(), ordinal, out.o.location())?;
     let lse = device_ptr_on("lse", out.lse.device_ptr(), ordinal, out.lse.location())?;
-    if out.o.dtype() != c.model_dtype.storage() {
-        return Err(Error::Dtype {
-            arg: "o",
-            expected: c.model_dtype.storage().to_string(),
-            got: out.o.dtype().to_string(),
-        });
-    }
-    if out.lse.dtype() != DType::F32 {
-        return Err(Error::Dtype {
-            arg: "lse",
-            expected: "f32".into(),
-            got: out.lse.dtype().to_string(),
-        });
-    }
+    crate::plan::dtype("o", out.o.dtype(), c.model_dtype.storage())?;
+    crate::plan::dtype("lse", out.lse.dtype(), DType::F32)?;
     if out.o.shape() != [rows, h, l] {
         return Err(Error::Shape {
             arg: "o",

@@ -440,7 +440,8 @@ pub(crate) fn check_kv_cache(
     Ok(())
 }
 
-fn dtype(arg: &'static str, got: DType, want: DType) -> Result<()> {
+/// `arg`'s dtype is `want`, or [`Error::Dtype`] naming it.
+pub(crate) fn dtype(arg: &'static str, got: DType, want: DType) -> Result<()> {
     if got == want {
         Ok(())
     } else {
