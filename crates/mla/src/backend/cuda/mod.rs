@@ -400,8 +400,7 @@ impl CudaBackend {
             return Err(too_big(plan));
         }
         let (decode, tokens) = k.stage1.launch(plan.heads, plan.query_len);
-        let mut params = DecodeParams::new(plan, &ptr);
-        params.tokens_per_cta = tokens as i32; // at most the query length, an i32
+        let params = DecodeParams::new(plan, &ptr, tokens);
         // A CTA takes `tokens` query tokens of one request and, of each, a block of heads:
         // all of them in the packed variant (the kernels' grid layout; its `per_token`).
         let heads_per_cta = if decode.packed {

@@ -60,9 +60,10 @@ pub struct Pointers {
 }
 
 impl DecodeParams {
-    /// The parameters of a planned decode. Sizes were bounded by the plan's checks; the
-    /// conversions to i32 saturate rather than wrap as a last guard.
-    pub fn new(plan: &DecodePlan, ptr: &Pointers) -> Self {
+    /// The parameters of a planned decode whose stage-1 CTAs take `tokens_per_cta` query
+    /// tokens of a request. Sizes were bounded by the plan's checks; the conversions to i32
+    /// saturate rather than wrap as a last guard.
+    pub fn new(plan: &DecodePlan, ptr: &Pointers, tokens_per_cta: usize) -> Self {
         let i = |x: usize| i32::try_from(x).unwrap_or(i32::MAX);
         let s = |x: usize| i64::try_from(x).unwrap_or(i64::MAX);
         let [ws_o, ws_lse] = plan.workspace;
@@ -103,7 +104,7 @@ impl DecodeParams {
             window: plan.window.map_or(0, i),
             scale_log2: plan.scale * std::f32::consts::LOG2_E,
             k_scale: plan.k_scale,
-            tokens_per_cta: 1,
+            tokens_per_cta: i(tokens_per_cta),
             k_scale_ptr: ptr.k_scale,
         }
     }
