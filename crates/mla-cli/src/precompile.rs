@@ -68,29 +68,16 @@ pub fn run(args: &PrecompileArgs) -> mla::Result<()> {
         .iter()
         .map(|(arch, b)| {
             let name = b.variant.family.entry().to_string();
-            (
-                arch,
-                name,
-                b.variant.defines().join(" "),
-                b.usage,
-                b.from_disk,
-                b.millis,
-            )
+            (arch, name, b.variant.defines().join(" "), &b.module)
         })
         .chain(dcp.iter().map(|(arch, b)| {
             let bf16 = u8::from(b.model_dtype == mla::ModelDtype::Bf16);
             let defines = format!("MODEL_BF16={bf16}");
-            (
-                arch,
-                "dcp (5 entries)".to_string(),
-                defines,
-                b.usage,
-                b.from_disk,
-                b.millis,
-            )
+            (arch, "dcp (5 entries)".to_string(), defines, &b.module)
         }));
     let mut spilled = 0;
-    for (arch, name, defines, usage, from_disk, millis) in rows {
+    for (arch, name, defines, module) in rows {
+        let (usage, from_disk, millis) = (module.usage, module.from_disk, module.millis);
         let (regs, spills) = match usage {
             Some(u) => (
                 u.registers.to_string(),

@@ -5,7 +5,7 @@
 use cudarc::driver::{CudaContext, CudaFunction};
 use std::sync::Arc;
 
-use crate::backend::cuda::compile::{self, Target, Usage};
+use crate::backend::cuda::compile::{self, Module, Target};
 use crate::backend::cuda::load_module;
 use crate::dtype::ModelDtype;
 use crate::error::{Error, Result};
@@ -32,19 +32,14 @@ pub const ENTRIES: [&str; 5] = [
     "dcp_merge_gathered",
 ];
 
-/// A built module: the cubin, ptxas' report (None from the disk cache), where it came from.
+/// A built module of the family (its ptxas report sums every entry's spills and takes the
+/// most registers).
 #[derive(Debug, Clone)]
 pub struct DcpBuilt {
     /// The model dtype it was built for.
     pub model_dtype: ModelDtype,
-    /// The cubin.
-    pub cubin: Vec<u8>,
-    /// ptxas' report over all entries (the most registers, every spill).
-    pub usage: Option<Usage>,
-    /// Whether the disk cache had it.
-    pub from_disk: bool,
-    /// Milliseconds spent.
-    pub millis: f64,
+    /// The module.
+    pub module: Module,
 }
 
 /// The module for `dtype` on `target`: from the disk cache when `use_cache` and present,
@@ -58,7 +53,7 @@ pub fn build(target: &Target, dtype: ModelDtype, use_cache: bool) -> Result<DcpB
         "-DMODEL_BF16={}",
         u8::from(dtype == ModelDtype::Bf16)
     ));
-    let m = compile::build_module(
+    let module = compile::build_module(
         "dcp",
         "dcp/kernel.cu",
         SOURCE,
@@ -69,10 +64,7 @@ pub fn build(target: &Target, dtype: ModelDtype, use_cache: bool) -> Result<DcpB
     )?;
     Ok(DcpBuilt {
         model_dtype: dtype,
-        cubin: m.cubin,
-        usage: m.usage,
-        from_disk: m.from_disk,
-        millis: m.millis,
+        module,
     })
 }
 
@@ -97,10 +89,10 @@ impl DcpKernels {
         let built = build(target, dtype, true)?;
         let module = load_module(
             ctx,
-            built.cubin,
-            built.from_disk,
+            built.module.cubin,
+            built.module.from_disk,
             "load the dcp module",
-            || Ok(build(target, dtype, false)?.cubin),
+            || Ok(build(target, dtype, false)?.module.cubin),
         )?;
         let f = |name| {
             module

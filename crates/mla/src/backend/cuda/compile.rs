@@ -98,14 +98,9 @@ pub fn usage(log: &str) -> Option<Usage> {
 pub struct Built {
     /// The variant.
     pub variant: Variant,
-    /// The cubin (empty in [`super::CudaBackend::builds`]: loading takes the bytes).
-    pub cubin: Vec<u8>,
-    /// ptxas' report (None when the cubin came from the disk cache).
-    pub usage: Option<Usage>,
-    /// Whether the disk cache had it.
-    pub from_disk: bool,
-    /// Time spent (compile or read), in milliseconds.
-    pub millis: f64,
+    /// Its module (the cubin is empty in [`super::CudaBackend::builds`]: loading takes the
+    /// bytes).
+    pub module: Module,
 }
 
 /// A compiled (or cached) module, before anyone names what it is.
@@ -213,7 +208,7 @@ pub fn extra_defines(text: &str) -> Vec<String> {
 pub fn build(variant: &Variant, target: &Target, use_cache: bool) -> Result<Built> {
     let family = variant.family;
     let opts = options(variant, target);
-    let m = build_module(
+    let module = build_module(
         family.entry(),
         family.file(),
         family.source(),
@@ -224,10 +219,7 @@ pub fn build(variant: &Variant, target: &Target, use_cache: bool) -> Result<Buil
     )?;
     Ok(Built {
         variant: *variant,
-        cubin: m.cubin,
-        usage: m.usage,
-        from_disk: m.from_disk,
-        millis: m.millis,
+        module,
     })
 }
 

@@ -278,10 +278,11 @@ impl CudaBackend {
     fn load(&mut self, v: Variant) -> Result<CudaFunction> {
         // The backend keeps the build's report, not its bytes: the module takes them.
         let mut built = compile::build(&v, &self.target, true)?;
-        let (cubin, from_disk) = (std::mem::take(&mut built.cubin), built.from_disk);
+        let m = &mut built.module;
+        let (cubin, from_disk) = (std::mem::take(&mut m.cubin), m.from_disk);
         let module = load_module(&self.ctx, cubin, from_disk, "load a module", || {
             built = compile::build(&v, &self.target, false)?;
-            Ok(std::mem::take(&mut built.cubin))
+            Ok(std::mem::take(&mut built.module.cubin))
         })?;
         let func = module
             .load_function(v.family.entry())
