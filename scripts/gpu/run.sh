@@ -3,13 +3,14 @@
 # (scripts/gpu/build.sh) and optionally .anchors/ carried. Writes every log into $OUT (the
 # folder that comes back), or ./results when $OUT is unset. The last lines printed are a
 # summary.
-#   scripts/gpu/run.sh [all|tests|try|memcheck|racecheck|pytest|bench|compare|sweep|ablate|profile|dcp|mtp|anchors] ...
+#   scripts/gpu/run.sh [all|tests|try|memcheck|racecheck|pytest|bench|compare|narrow|sweep|ablate|profile|dcp|mtp|anchors] ...
 # `ablate` times the wgmma kernel with parts switched off (MLA_EXTRA_DEFINES, see
 # kernels/decode_wgmma/NOTES.md); `dcp` runs the two-GPU DCP test and `mla bench --dcp 2`
 # (needs two GPUs).
 # `tests` runs the GPU suites with the kernels chosen as shipped, then the contract and
-# runtime suites again with MLA_KERNEL=wgmma (the Hopper kernel at every head count) and
-# MLA_KERNEL=mma (the sm_80 kernel at every head count). `compare` times both stage-1
+# runtime suites again with MLA_KERNEL=wgmma (the Hopper kernel at every head count),
+# MLA_KERNEL=mma (the sm_80 kernel at every head count) and MLA_KERNEL=narrow (Hopper's
+# few-head kernel for single tokens too). `compare` times both stage-1
 # kernels on the same cases.
 # Each step runs under a time limit (seconds, env: MLA_STEP_LIMIT, default 300).
 set -uo pipefail
@@ -57,7 +58,7 @@ run_test() {
 try_failed=0
 if has tests; then
   for t in cuda_contract cuda_runtime cuda_sanitize; do run_test $t ""; done
-  for k in wgmma mma; do
+  for k in wgmma mma narrow; do
     for t in cuda_contract cuda_runtime; do run_test $t $k; done
   done
 
@@ -78,12 +79,13 @@ if [[ " $steps " == *" try "* ]] && [ -n "${MLA_TRY_DEFINES:-}" ]; then
   [ "$try_failed" = 0 ] && try_ok=1
 fi
 
-# Each sanitizer twice: kernels as shipped, then the wgmma kernel at every head count.
+# Each sanitizer three times: kernels as shipped, then the wgmma kernel at every head count,
+# then the narrow kernel wherever it runs.
 for tool in memcheck racecheck; do
   if has "$tool"; then
     trial=""
     [ "$try_ok" = 1 ] && trial=try
-    for k in "" wgmma $trial; do
+    for k in "" wgmma narrow $trial; do
       defs=""; kernel=$k
       if [ "$k" = try ]; then defs=$MLA_TRY_DEFINES; kernel=wgmma; fi
       log="$out/sanitizer-$tool${k:+-$k}.log"
@@ -147,22 +149,47 @@ CASES
   python3 scripts/gpu/compare_table.py "$out/compare.txt"
 fi
 
+if has narrow; then
+  # Few heads: the narrow kernel (forced with MLA_KERNEL=narrow; as shipped it runs the
+  # multi-token rows of up to 8 heads) against the mma kernel, on the same problems.
+  while read -r b h c kv extra; do
+    for k in narrow mma; do
+      bench_row "$k $b $h $c $kv" "$k" "" narrow --batch "$b" --heads "$h" --ctx "$c" \
+        --kv-dtype "$kv" $extra
+    done
+    # A variant of the narrow kernel under trial (MLA_TRY_DEFINES).
+    if [ -n "${MLA_TRY_DEFINES:-}" ]; then
+      bench_row "try $b $h $c $kv" narrow "$MLA_TRY_DEFINES" narrow --batch "$b" --heads "$h" \
+        --ctx "$c" --kv-dtype "$kv" $extra
+    fi
+  done <<'CASES'
+128 16 4096 bf16
+64 16 8192 bf16
+32 16 8192 bf16
+8 16 4096 bf16
+4 16 32768 bf16
+1 16 8192 bf16
+1 16 1024 bf16
+128 8 4096 bf16
+64 8 8192 bf16 --query-len 2
+CASES
+  python3 scripts/gpu/compare_table.py "$out/narrow.txt"
+fi
+
 if has sweep; then
   # Split counts against the fill rule's choice (`mla bench --splits`), on the small batches
-  # the rule decides: what a retuned rule (or the GPU scheduler) could gain.
-  while read -r b h c kv; do
+  # the rule decides: what a retuned rule (or the GPU scheduler) could gain. MLA_SWEEP_CASES
+  # ("b h ctx kv; ..."), MLA_SWEEP_SPLITS replace the defaults.
+  default_cases="1 128 8192 bf16; 1 128 1024 bf16; 1 16 8192 bf16; 8 128 4096 bf16; 4 16 32768 bf16"
+  IFS=';' read -r -a sweep_cases <<< "${MLA_SWEEP_CASES:-$default_cases}"
+  for case in "${sweep_cases[@]}"; do
+    read -r b h c kv <<< "$case"
     bench_row "rule $b $h $c $kv" "" "" sweep --batch "$b" --heads "$h" --ctx "$c" --kv-dtype "$kv"
     for n in ${MLA_SWEEP_SPLITS:-8 16 32 48 64 96 128}; do
       bench_row "splits=$n $b $h $c $kv" "" "" sweep --batch "$b" --heads "$h" --ctx "$c" \
         --kv-dtype "$kv" --splits "$n"
     done
-  done <<'CASES'
-1 128 8192 bf16
-1 128 1024 bf16
-1 16 8192 bf16
-8 128 4096 bf16
-4 16 32768 bf16
-CASES
+  done
   python3 scripts/gpu/compare_table.py "$out/sweep.txt"
 fi
 

@@ -81,25 +81,33 @@ pub fn run(args: &PrecompileArgs) -> mla::Result<()> {
         let (regs, spills) = match usage {
             Some(u) => (
                 u.registers.to_string(),
-                (u.spill_stores + u.spill_loads).to_string(),
+                format!(
+                    "{}{}",
+                    u.spill_stores + u.spill_loads,
+                    if u.serialized_wgmma {
+                        " (wgmma serialized)"
+                    } else {
+                        ""
+                    }
+                ),
             ),
             None => ("-".into(), "-".into()),
         };
-        spilled += usage.is_some_and(|u| u.spills()) as usize;
+        spilled += usage.is_some_and(|u| u.degraded()) as usize;
         let source = if from_disk { "cache" } else { "nvrtc" };
         println!(
             "{arch:<8} {name:<20} {defines:<54} {regs:>5} {spills:>6} {source:>8} {millis:>9.1}"
         );
     }
     println!(
-        "{} kernels built, {} with spills",
+        "{} kernels built, {} with spills or serialized wgmma",
         builds.len() + dcp.len(),
         spilled
     );
     if args.deny_spills && spilled > 0 {
         return Err(mla::Error::Compile {
             kernel: format!("{spilled} variants"),
-            log: "register spills (see the table above)".into(),
+            log: "register spills or serialized wgmma (see the table above)".into(),
         });
     }
     Ok(())

@@ -85,19 +85,20 @@ impl MlaDecode {
         self.backend.name()
     }
 
-    /// What computes stage 1 of a decode of `query_len` tokens a request: `cpu`, or the CUDA
-    /// kernel's entry point (`mla_decode_split` for the mma.sync family, `mla_decode_wgmma`
-    /// on Hopper, which few-head multi-token decodes also take), so that a measurement can
-    /// say which kernel it timed.
-    pub fn kernel_name(&self, query_len: usize) -> &'static str {
+    /// What computes stage 1 of a decode of `query_len` tokens a request over pages of
+    /// `page_size` keys: `cpu`, or the CUDA kernel's entry point (`mla_decode_split` for the
+    /// mma.sync family; on Hopper `mla_decode_wgmma`, which few-head multi-token decodes
+    /// also take, and `mla_decode_narrow` for up to 16 heads), so that a measurement can say
+    /// which kernel it timed.
+    pub fn kernel_name(&self, query_len: usize, page_size: usize) -> &'static str {
         #[cfg(feature = "cuda")]
         if let Some(v) = self
             .cuda_backend()
-            .and_then(|c| c.decode_variant(self.config.q_heads, query_len))
+            .and_then(|c| c.decode_variant(self.config.q_heads, query_len, page_size))
         {
             return v.family.entry();
         }
-        let _ = query_len;
+        let _ = (query_len, page_size);
         self.backend.name()
     }
 

@@ -139,7 +139,8 @@ fn after_warmup_forward_compiles_nothing() {
 
 #[test]
 fn bad_values_raise_the_device_flag_and_are_never_read() {
-    // 16 heads take the mma kernel; 128 take the wgmma kernel on Hopper.
+    // 16 heads take the narrow kernel on Hopper (mma.sync elsewhere); 128 take the wgmma
+    // kernel on Hopper.
     for heads in [16, 128] {
         let case = Case::new(spec(heads, 16, &[100, 40], 1, Mask::Causal));
         let Some(mut dec) = gpu::open(&case.config()) else {
@@ -185,13 +186,15 @@ fn bad_values_raise_the_device_flag_and_are_never_read() {
 fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
     // What warmup builds and what each decode launches on this device. On sm_90a, 64 and 128
     // heads take the wgmma kernel whatever the cache; 16 heads take mma.sync for one token a
-    // request and the wgmma kernel, tokens packed, for two or more (warmup builds both).
-    // MLA_KERNEL=mma|wgmma forces a family.
+    // request and the wgmma kernel, tokens packed, for two or more (warmup builds both); 8
+    // heads x 2 tokens with a bf16 cache take the narrow kernel (and mma.sync is built for
+    // pages it does not tile). MLA_KERNEL=mma|wgmma|narrow forces a family.
     for (heads, kv, dtype, q_len) in [
         (128, KvFormat::Bf16, CacheDtype::Auto, 1),
         (64, KvFormat::Bf16, CacheDtype::Auto, 1),
         (16, KvFormat::Bf16, CacheDtype::Auto, 1),
         (16, KvFormat::Bf16, CacheDtype::Auto, 4),
+        (8, KvFormat::Bf16, CacheDtype::Auto, 2),
         (128, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 1),
     ] {
         let mut s = spec(heads, 64, &[1000, 37], q_len, Mask::Causal);
@@ -213,15 +216,24 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
             cuda.target().arch
         );
         let hopper = cuda.target().wgmma();
-        let forced = std::env::var("MLA_KERNEL");
-        let (wgmma_built, mma_built, launches_wgmma) = match forced.as_deref() {
-            Ok("mma") => (false, true, false),
-            Ok("wgmma") => (hopper, !hopper, hopper),
-            _ => {
-                let many = heads >= registry::WGMMA_MIN_HEADS;
-                (hopper, !(hopper && many), hopper && (many || q_len > 1))
-            }
+        let forced = std::env::var("MLA_KERNEL").unwrap_or_default();
+        let many = heads >= registry::WGMMA_MIN_HEADS;
+        let packs = mla::plan::splits::packing(heads, q_len).is_some();
+        let (wgmma_built, mma_built, launches_wgmma) = match forced.as_str() {
+            "mma" => (false, true, false),
+            "wgmma" => (hopper, !hopper, hopper),
+            // As shipped and with the narrow kernel forced (it runs where the wgmma one does
+            // not).
+            _ => (hopper, !(hopper && many), hopper && (many || packs)),
         };
+        // The narrow kernel: built for up to 8 heads (16 when forced), launched for the
+        // multi-token rows it packs (single tokens too when forced).
+        let narrow_heads = if forced == "narrow" { 16 } else { 8 };
+        let narrow_built = hopper
+            && !matches!(forced.as_str(), "mma" | "wgmma")
+            && heads <= narrow_heads
+            && kv == KvFormat::Bf16;
+        let narrow_launched = narrow_built && !launches_wgmma && (q_len > 1 || forced == "narrow");
         assert_eq!(
             families.contains(&Family::DecodeWgmma),
             wgmma_built,
@@ -232,12 +244,15 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         // expected, and compiles nothing after warmup.
         let run = gpu::run_case_on(&mut dec, &case);
         gpu::assert_close(&case, &run);
-        let launched = if launches_wgmma {
+        assert_eq!(families.contains(&Family::DecodeNarrow), narrow_built);
+        let launched = if narrow_launched {
+            Family::DecodeNarrow
+        } else if launches_wgmma {
             Family::DecodeWgmma
         } else {
             Family::DecodeMma
         };
-        assert_eq!(dec.kernel_name(q_len), launched.entry());
+        assert_eq!(dec.kernel_name(q_len, 64), launched.entry());
         let built = dec.cuda_backend().unwrap().builds().len();
         assert_eq!(built, families.len(), "forward built a kernel after warmup");
     }

@@ -30,6 +30,15 @@ fn sanitize_every_kernel_path() {
     let mut single = Case::new(spec(64, 64, &[100, 0], 1, Mask::Causal));
     single.batch_invariant = true;
     cases.push(single);
+    // The narrow kernel on Hopper (few heads, bf16 cache): 8 heads x 2 tokens on 64-key pages
+    // with several splits (tiles cut at both ends), and 3 heads x 3 tokens on 8-key pages with
+    // a window.
+    let mut narrow = Case::new(spec(8, 64, &[3000, 70, 0, 129], 2, Mask::Causal));
+    narrow.fixed_splits = Some(5);
+    cases.push(narrow);
+    let mut narrow_packed = Case::new(spec(3, 8, &[700, 2, 95], 3, Mask::Causal));
+    narrow_packed.window = Some(150);
+    cases.push(narrow_packed);
     for case in &cases {
         let Some(run) = gpu::run_case(case) else {
             return;
@@ -40,12 +49,14 @@ fn sanitize_every_kernel_path() {
 
 #[test]
 fn sanitize_bad_block_ids() {
-    // fp8 under f16 takes the mma kernel; 128 bf16 heads the wgmma kernel on Hopper.
-    for (heads, model, kv) in [
-        (16, ModelDtype::F16, KvFormat::Fp8E5m2),
-        (128, ModelDtype::Bf16, KvFormat::Bf16),
+    // fp8 under f16 takes the mma kernel; on Hopper 128 bf16 heads the wgmma kernel and 8
+    // heads x 2 tokens the narrow kernel.
+    for (heads, model, kv, q_len) in [
+        (16, ModelDtype::F16, KvFormat::Fp8E5m2, 1),
+        (128, ModelDtype::Bf16, KvFormat::Bf16, 1),
+        (8, ModelDtype::Bf16, KvFormat::Bf16, 2),
     ] {
-        let mut s = spec(heads, 16, &[100, 40], 1, Mask::Causal);
+        let mut s = spec(heads, 16, &[100, 40], q_len, Mask::Causal);
         s.kv_format = kv;
         s.model_dtype = model;
         let case = Case::new(s);

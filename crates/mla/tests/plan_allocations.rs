@@ -78,6 +78,7 @@ fn the_gpu_split_rule_allocates_nothing() {
         kv_lora_rank: 512,
         max_splits: 64,
         wgmma: true,
+        narrow: true,
     };
     let (n, splits) = allocations(|| {
         [(8192, 1, 16), (4096, 32, 128), (1 << 20, 1, 16)]

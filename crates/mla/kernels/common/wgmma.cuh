@@ -128,3 +128,43 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], u64 desc_a,
 #undef MLA_WGMMA_256
 }
 
+
+/// d[64 x N] (f32, this thread's N / 2 values) += A[64 x 16] * B[16 x N] for a narrow N (16
+/// or 32), both from shared memory; B K-major; A K-major, or MN-major with TRANS_A. The
+/// narrow kernel's products, whose 64 rows are keys (S^T = K Q^T) or latent columns
+/// (O^T = V^T P^T). `accumulate` 0 overwrites d.
+template <int N, bool BF16, int TRANS_A>
+__device__ __forceinline__ void wgmma_m64nNk16_ss(float (&d)[N / 2], u64 desc_a, u64 desc_b, int accumulate) {
+    static_assert(N == 16 || N == 32, "narrow wgmma: N = 16 or 32");
+#define MLA_WGMMA_N16(TYPE)                                                                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                   \
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE                     \
+                 " {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"             \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),       \
+                   "+f"(d[6]), "+f"(d[7])                                                       \
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A))
+#define MLA_WGMMA_N32(TYPE)                                                                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                   \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE                     \
+                 " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "     \
+                 "%16, %17, p, 1, 1, %19, 0;\n}\n"                                               \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),       \
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),     \
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])                           \
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A))
+    if constexpr (N == 16) {
+        if (BF16) {
+            MLA_WGMMA_N16("bf16");
+        } else {
+            MLA_WGMMA_N16("f16");
+        }
+    } else {
+        if (BF16) {
+            MLA_WGMMA_N32("bf16");
+        } else {
+            MLA_WGMMA_N32("f16");
+        }
+    }
+#undef MLA_WGMMA_N16
+#undef MLA_WGMMA_N32
+}

@@ -30,6 +30,27 @@ pub fn packing(heads: usize, query_len: usize) -> Option<usize> {
     (tokens > 1 && heads * tokens >= WGMMA_MIN_ROWS).then_some(tokens)
 }
 
+/// Query rows (heads x packed tokens) of a CTA of Hopper's narrow kernel, for few heads.
+pub const NARROW_ROWS: usize = 16;
+
+/// Whether a request's query tokens run in the narrow kernel (on sm_90a, for a cache in the
+/// model dtype), and how many a CTA takes: when at least two of them fit its [`NARROW_ROWS`]
+/// rows next to the heads and the wgmma kernel does not pack them ([`packing`] comes
+/// first), as many tokens as fit (8 heads x 2: one read of the keys for both tokens, 1.7x the
+/// mma kernel's CTA per token on the H200). One token a request stays on the mma kernel,
+/// which measured as fast or faster there (BENCHMARKS.md); `MLA_KERNEL=narrow` forces it.
+pub fn narrow_tokens(heads: usize, query_len: usize) -> Option<usize> {
+    let tokens = query_len.min(NARROW_ROWS / heads.max(1));
+    (tokens > 1 && packing(heads, query_len).is_none()).then_some(tokens)
+}
+
+/// Whether the narrow kernel's copies tile pages of `page_size` keys: its 64-key tiles start
+/// at multiples of 64, so a page must hold whole tiles (a multiple of 64 keys) or a tile whole
+/// pages of at least 8 keys (8, 16, 32: a page is a whole number of 1 KB swizzle atoms).
+pub fn narrow_pages(page_size: usize) -> bool {
+    page_size.is_multiple_of(64) || (page_size.is_multiple_of(8) && 64 % page_size.max(1) == 0)
+}
+
 /// Keys per split that vLLM's rule aims at.
 const KEYS_PER_SPLIT: usize = 512;
 /// Keys per tile of the GPU kernels (the fill rule's unit of work).
@@ -57,6 +78,9 @@ pub enum SplitRule {
         /// Whether the GPU runs the wgmma kernel (sm_90a), which packs the query tokens of
         /// few-head requests into one CTA ([`packing`]).
         wgmma: bool,
+        /// Whether it runs the narrow kernel for few heads (sm_90a, a cache in the model
+        /// dtype): one CTA a request's [`narrow_tokens`], one CTA per SM.
+        narrow: bool,
     },
     /// One split per row: batch-invariant mode (a row's result never depends on the batch).
     Single,
@@ -93,10 +117,10 @@ impl SplitRule {
 
     /// The fill rule's estimate, in units of one CTA's time for one tile of keys, of a batch
     /// cut into `splits` splits:
-    /// - stage 1 runs in waves of `slots` CTAs (two per SM for up to 16 rows a CTA, else
-    ///   one), each CTA taking 2 units of fixed cost (q, epilogue) plus one per tile; a CTA
-    ///   takes up to 64 heads of one query token, or on sm_90a the packed tokens of a
-    ///   few-head request ([`SplitRule::ctas_per_split`]);
+    /// - stage 1 runs in waves of `slots` CTAs (one or two per SM, by kernel), each CTA
+    ///   taking 2 units of fixed cost (q, epilogue) plus one per tile; a CTA takes up to 64
+    ///   heads of one query token, or on sm_90a the packed tokens of a few-head request
+    ///   ([`SplitRule::ctas_per_split`]);
     /// - the combine, when there are splits, costs a unit, half a unit per batch of four
     ///   splits it walks in order (a memory latency each), and the f32 partials it moves
     ///   (written and read) at the rate a wave moves key tiles (`slots` x 36 KB a unit).
@@ -121,13 +145,8 @@ impl SplitRule {
         else {
             return 0.0;
         };
-        let (per_split, rows_per_cta) = self.ctas_per_split(rows, query_len, heads);
-        let slots = if rows_per_cta <= 16 {
-            2 * sm_count
-        } else {
-            sm_count
-        }
-        .max(1);
+        let (per_split, per_sm) = self.ctas_per_split(rows, query_len, heads);
+        let slots = (per_sm * sm_count).max(1);
         let ctas = per_split.max(1) * splits;
         let waves = ctas.div_ceil(slots) as f64;
         let tiles = max_kv_len.div_ceil(splits).div_ceil(TILE) as f64;
@@ -142,17 +161,25 @@ impl SplitRule {
         stage1 + combine
     }
 
-    /// The CTAs a split of the batch takes, and the rows (heads x tokens) each holds: the
-    /// kernels' grids (`backend::cuda`). One query token and up to 64 heads a CTA, except on
-    /// sm_90a where a few-head request's tokens share a CTA when their rows reach
-    /// [`WGMMA_MIN_ROWS`].
+    /// The CTAs a split of the batch takes, and how many of them an SM runs at once: the
+    /// kernels' grids (`backend::cuda`). One query token and up to 64 heads a CTA (two CTAs
+    /// an SM for up to 16 heads: the mma kernel), except on sm_90a where a few-head request's
+    /// tokens share a CTA: the wgmma kernel's when their rows reach [`WGMMA_MIN_ROWS`], else
+    /// the narrow kernel's (one CTA an SM each).
     pub fn ctas_per_split(self, rows: usize, query_len: usize, heads: usize) -> (usize, usize) {
-        let wgmma = matches!(self, SplitRule::Fill { wgmma: true, .. });
+        let (wgmma, narrow) = match self {
+            SplitRule::Fill { wgmma, narrow, .. } => (wgmma, narrow),
+            _ => (false, false),
+        };
+        let requests = rows.div_ceil(query_len.max(1));
         if wgmma && let Some(tokens) = packing(heads, query_len) {
-            let requests = rows.div_ceil(query_len);
-            return (requests * query_len.div_ceil(tokens), heads * tokens);
+            return (requests * query_len.div_ceil(tokens), 1);
         }
-        (rows * heads.div_ceil(64).max(1), heads.clamp(1, 64))
+        if narrow && let Some(tokens) = narrow_tokens(heads, query_len) {
+            return (requests * query_len.div_ceil(tokens), 1);
+        }
+        let per_sm = if heads <= 16 { 2 } else { 1 };
+        (rows * heads.div_ceil(64).max(1), per_sm)
     }
 
     /// The most `rows x splits` any batch of at most `max_rows` rows over at most
@@ -165,9 +192,9 @@ impl SplitRule {
             // The count is not monotone in rows, and packed tokens make fewer CTAs than
             // rows: try every batch size, and where tokens pack, every query length that
             // divides it (cheap next to a reservation, which happens once).
-            SplitRule::Fill { wgmma, .. } => {
+            SplitRule::Fill { wgmma, narrow, .. } => {
                 // Tokens pack when two fit next to the heads (at most 32 heads).
-                let packs = wgmma && 2 * heads <= WGMMA_ROWS;
+                let packs = (wgmma || narrow) && 2 * heads <= WGMMA_ROWS;
                 (1..=max_rows)
                     .flat_map(|r| {
                         let top = if packs { r.isqrt() } else { 1 };
@@ -251,6 +278,7 @@ mod tests {
             kv_lora_rank: 512,
             max_splits: 64,
             wgmma: false,
+            narrow: false,
         };
         // (len, rows, heads) -> splits, as the cost model ranks them.
         let cases = [
@@ -282,17 +310,19 @@ mod tests {
             kv_lora_rank: 512,
             max_splits: 64,
             wgmma,
+            narrow: false,
         };
         // 64 requests x 4 tokens x 16 heads: 64 CTAs a split packed (one per request, 64
         // rows each), 256 of 16 rows otherwise.
-        assert_eq!(rule(true).ctas_per_split(256, 4, 16), (64, 64));
-        assert_eq!(rule(false).ctas_per_split(256, 4, 16), (256, 16));
-        // 8 heads x 2 tokens is 16 rows: the mma kernel's, one token a CTA.
-        assert_eq!(rule(true).ctas_per_split(8, 2, 8), (8, 8));
+        // (CTAs, CTAs an SM runs at once.)
+        assert_eq!(rule(true).ctas_per_split(256, 4, 16), (64, 1));
+        assert_eq!(rule(false).ctas_per_split(256, 4, 16), (256, 2));
+        // 8 heads x 2 tokens is 16 rows: the mma kernel's, one token a CTA, two an SM.
+        assert_eq!(rule(true).ctas_per_split(8, 2, 8), (8, 2));
         // 20 heads x 3 tokens: 60 rows; 7 tokens make 3 CTAs a request.
-        assert_eq!(rule(true).ctas_per_split(14, 7, 20), (6, 60));
+        assert_eq!(rule(true).ctas_per_split(14, 7, 20), (6, 1));
         // 128 heads: two CTAs a row, whatever the tokens.
-        assert_eq!(rule(true).ctas_per_split(8, 4, 128), (16, 64));
+        assert_eq!(rule(true).ctas_per_split(8, 4, 128), (16, 1));
         // A split count that fills the GPU: packed requests get more splits than one CTA
         // each (64 of 132 SMs busy).
         let packed = rule(true).splits(8192, 256, 4, 16);
@@ -306,6 +336,41 @@ mod tests {
     }
 
     #[test]
+    fn the_narrow_kernel_takes_few_head_tokens_the_wgmma_tile_does_not() {
+        // (heads, query_len) -> tokens a narrow CTA takes: two or more next to the heads, and
+        // only where the wgmma kernel does not pack them (17 rows or more).
+        for (heads, q, want) in [
+            (8, 2, Some(2)),
+            (8, 3, None), // 24 rows: the wgmma tile's
+            (4, 4, Some(4)),
+            (1, 12, Some(12)),
+            (1, 40, None),
+            (16, 2, None),
+            (16, 1, None), // one token: the mma kernel
+            (5, 1, None),
+        ] {
+            assert_eq!(narrow_tokens(heads, q), want, "{heads} heads, {q} tokens");
+        }
+        for page in [8, 16, 32, 64, 128, 1024] {
+            assert!(narrow_pages(page), "{page}");
+        }
+        for page in [1, 4, 12, 24, 48, 96] {
+            assert!(!narrow_pages(page), "{page}");
+        }
+        // One CTA a request (one per SM) where it runs, else the mma kernel's CTA per token.
+        let rule = |narrow| SplitRule::Fill {
+            sm_count: 132,
+            kv_lora_rank: 512,
+            max_splits: 64,
+            wgmma: true,
+            narrow,
+        };
+        assert_eq!(rule(true).ctas_per_split(128, 2, 8), (64, 1));
+        assert_eq!(rule(false).ctas_per_split(128, 2, 8), (128, 2));
+        assert_eq!(rule(true).ctas_per_split(64, 1, 16), (64, 2));
+    }
+
+    #[test]
     fn reservations_cover_every_batch() {
         for rule in [
             SplitRule::Fill {
@@ -313,12 +378,14 @@ mod tests {
                 kv_lora_rank: 512,
                 max_splits: 64,
                 wgmma: false,
+                narrow: false,
             },
             SplitRule::Fill {
                 sm_count: 132,
                 kv_lora_rank: 512,
                 max_splits: 64,
                 wgmma: true,
+                narrow: true,
             },
             SplitRule::Vllm { sm_count: 132 },
         ] {
@@ -382,6 +449,7 @@ mod tests {
             kv_lora_rank: 512,
             max_splits: 64,
             wgmma: false,
+            narrow: false,
         };
         let counts = fill.warmup_counts(8192, 16);
         assert_eq!(

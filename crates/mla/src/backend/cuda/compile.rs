@@ -60,6 +60,9 @@ pub struct Usage {
     pub spill_stores: u32,
     /// Spill load bytes.
     pub spill_loads: u32,
+    /// Whether ptxas serialized the warpgroup MMAs (its C7520 "Potential Performance Loss":
+    /// each wgmma then waits for the one before, which costs a Hopper kernel its overlap).
+    pub serialized_wgmma: bool,
 }
 
 impl Usage {
@@ -67,11 +70,17 @@ impl Usage {
     pub fn spills(&self) -> bool {
         self.spill_stores > 0 || self.spill_loads > 0
     }
+
+    /// Whether the build lost speed ptxas warned of: spills or serialized wgmma.
+    pub fn degraded(&self) -> bool {
+        self.spills() || self.serialized_wgmma
+    }
 }
 
-/// Parses "Used N registers" and "N bytes stack frame, N bytes spill stores, N bytes spill
-/// loads" from an NVRTC log. A module of several entries reports each: the result is the
-/// most registers and stack of any entry and the spills of all of them.
+/// Parses "Used N registers", "N bytes stack frame, N bytes spill stores, N bytes spill
+/// loads" and the wgmma serialization warning (C7520) from an NVRTC log. A module of several
+/// entries reports each: the result is the most registers and stack of any entry and the
+/// spills of all of them.
 pub fn usage(log: &str) -> Option<Usage> {
     let number_before = |line: &str, word: &str| -> Option<u32> {
         let at = line.find(word)?;
@@ -89,6 +98,7 @@ pub fn usage(log: &str) -> Option<Usage> {
             u.spill_stores += number_before(line, "bytes spill stores").unwrap_or(0);
             u.spill_loads += number_before(line, "bytes spill loads").unwrap_or(0);
         }
+        u.serialized_wgmma |= line.contains("wgmma.mma_async instructions are serialized");
     }
     seen.then_some(u)
 }
@@ -245,7 +255,8 @@ mod tests {
                 registers: 255,
                 stack: 16,
                 spill_stores: 8,
-                spill_loads: 12
+                spill_loads: 12,
+                serialized_wgmma: false,
             }
         );
         assert!(u.spills(), "the middle entry's spills must not be lost");
@@ -291,11 +302,20 @@ mod tests {
                 registers: 128,
                 stack: 16,
                 spill_stores: 8,
-                spill_loads: 12
+                spill_loads: 12,
+                serialized_wgmma: false,
             }
         );
         assert!(u.spills());
         assert!(usage("no report").is_none());
+        // NVRTC 13.0's words when a wgmma waits for the one before (decode_narrow/NOTES.md).
+        let log = "ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async instructions \
+                   are serialized due to program dependence on compiler-inserted WG.AR in divergent \
+                   path in the function 'k'\n\
+                   ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+                   ptxas info    : Used 168 registers, used 16 barriers";
+        let u = usage(log).unwrap();
+        assert!(u.serialized_wgmma && !u.spills() && u.degraded());
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Every unsafe call of the CUDA backend: library presence, NVRTC to a cubin with in-memory
-//! headers, and kernel launches. Everything above this module is safe Rust.
+//! headers, tensor maps for the TMA unit, and kernel launches. Everything above this module is safe Rust.
 #![allow(unsafe_code)]
 
 use std::ffi::{CString, c_char, c_int, c_void};
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaStream};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
-use super::params::DecodeParams;
+use super::params::{DecodeParams, NarrowParams, TensorMap};
 use crate::error::{Error, Result};
 
 /// Whether libnvrtc can be loaded (cudarc panics on first use otherwise). Enough to compile.
@@ -151,6 +151,51 @@ pub(crate) unsafe trait KernelParams {}
 
 // SAFETY: the mirror of `kernels/params.cuh` (size asserted in params.rs and the header).
 unsafe impl KernelParams for DecodeParams {}
+// SAFETY: the mirror of `struct NarrowParams` in kernels/decode_narrow/kernel.cu (size and
+// offsets asserted in params.rs and the kernel); its tensor map covers the same cache as `d`.
+unsafe impl KernelParams for NarrowParams {}
+
+/// A 3-D tensor of 16-bit elements in global memory as the TMA unit reads it: `dims`
+/// (innermost first) with `strides` in bytes for dims 1 and 2 (multiples of 16), copied in
+/// boxes of `boxes` elements with the 128-byte swizzle (the innermost box is 64 elements,
+/// 128 bytes); parts of a box outside the tensor read as zeros.
+///
+/// # Errors
+/// [`Error::Driver`] if the driver refuses the description.
+pub(crate) fn tensor_map_3d_u16(
+    base: u64,
+    dims: [u64; 3],
+    strides: [u64; 2],
+    boxes: [u32; 3],
+) -> Result<TensorMap> {
+    use cudarc::driver::sys;
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    let element_strides = [1u32; 3];
+    // SAFETY: every pointer is to a live local array of the rank's length (3 dims, 2
+    // strides, 3 box sizes, 3 element strides) or to `map`, which the call fills. The driver
+    // only encodes the description (it checks alignment and bounds and returns an error
+    // for what it refuses); nothing is read at `base` until a kernel copies with the map, and
+    // the caller describes a tensor whose every address its checks cover.
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            3,
+            base as *mut c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            element_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()
+        .map_err(Error::driver("encode the cache's tensor map"))?;
+        Ok(TensorMap(map.assume_init().opaque))
+    }
+}
 
 /// Launches `func` with `params` as its one argument. Straight to the driver (cudarc's
 /// launch builder collects arguments in a `Vec`): the decode path allocates nothing.

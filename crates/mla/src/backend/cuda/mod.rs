@@ -25,8 +25,8 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStrea
 use cudarc::nvrtc::Ptx;
 
 use self::compile::{Built, Target};
-use self::params::{DecodeParams, Pointers};
-use self::registry::Variant;
+use self::params::{DecodeParams, NarrowParams, Pointers, TensorMap};
+use self::registry::{Family, Variant};
 use crate::args::{DecodeInputs, DecodeOutputs, Query};
 use crate::config::{DeviceInfo, ValidConfig};
 use crate::error::{Capability, Error, Result};
@@ -222,10 +222,16 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The stage-1 kernel a decode of `query_len` tokens a request over `heads` heads
-    /// launches (None before the backend is configured).
-    pub fn decode_variant(&self, heads: usize, query_len: usize) -> Option<Variant> {
-        self.chosen.map(|k| k.stage1.launch(heads, query_len).0)
+    /// The stage-1 kernel a decode of `query_len` tokens a request over `heads` heads and
+    /// pages of `page_size` keys launches (None before the backend is configured).
+    pub fn decode_variant(
+        &self,
+        heads: usize,
+        query_len: usize,
+        page_size: usize,
+    ) -> Option<Variant> {
+        self.chosen
+            .map(|k| k.stage1.launch(heads, query_len, page_size).0)
     }
 
     fn chosen(&self) -> Result<ConfigKernels> {
@@ -400,11 +406,13 @@ impl CudaBackend {
         if !fits_i32 {
             return Err(too_big(plan));
         }
-        let (decode, tokens) = k.stage1.launch(plan.heads, plan.query_len);
+        let (decode, tokens) = k
+            .stage1
+            .launch(plan.heads, plan.query_len, plan.kv.page_size);
         let params = DecodeParams::new(plan, &ptr, tokens);
         // A CTA takes `tokens` query tokens of one request and, of each, a block of heads:
-        // all of them in the packed variant (the kernels' grid layout; its `per_token`).
-        let heads_per_cta = if decode.packed {
+        // all of them in the packed and narrow variants (the kernels' grid layout).
+        let heads_per_cta = if decode.packed || decode.family == Family::DecodeNarrow {
             plan.heads
         } else {
             16 * decode.row_warps
@@ -417,14 +425,16 @@ impl CudaBackend {
             .filter(|&s| s <= 65_535)
             .ok_or_else(|| too_big(plan))?;
         let f = self.kernel(decode)?.clone();
-        ffi::launch(
-            &self.stream,
-            &f,
-            (grid_x, splits),
-            (decode.threads(), 1),
-            decode.smem_bytes() as u32,
-            &params,
-        )?;
+        let (grid, block, smem) = ((grid_x, splits), (decode.threads(), 1), decode.smem_bytes());
+        if decode.family == Family::DecodeNarrow {
+            let narrow = NarrowParams {
+                d: params,
+                kv_map: kv_map(plan, ptr.kv)?,
+            };
+            ffi::launch(&self.stream, &f, grid, block, smem as u32, &narrow)?;
+        } else {
+            ffi::launch(&self.stream, &f, grid, block, smem as u32, &params)?;
+        }
         if plan.num_kv_splits > 1 {
             let f = self.kernel(k.combine)?.clone();
             let grid = (plan.rows as u32, plan.heads.div_ceil(4) as u32);
@@ -442,6 +452,21 @@ impl CudaBackend {
             .as_ref()
             .map_or(0, |w| address(w, &self.stream))
     }
+}
+
+/// The cache as the narrow kernel's TMA copies read it: D elements of 16 bits a key,
+/// `page_size` keys a page, `num_blocks` pages (the plan's strides, which `pointers` checked
+/// are multiples of 16 bytes), in boxes of 64 elements x min(page_size, 64) keys x 1 page.
+fn kv_map(plan: &DecodePlan, kv: u64) -> Result<TensorMap> {
+    let d = plan.kv_lora_rank + plan.rope_dim;
+    let u = |x: usize| x as u64;
+    let rows = plan.kv.page_size.min(64) as u32;
+    ffi::tensor_map_3d_u16(
+        kv,
+        [u(d), u(plan.kv.page_size), u(plan.kv.num_blocks)],
+        [u(plan.kv.token_stride * 2), u(plan.kv.page_stride * 2)],
+        [64, rows, 1],
+    )
 }
 
 /// Loads a cubin into `ctx`. A cubin from the disk cache that the driver refuses (a damaged

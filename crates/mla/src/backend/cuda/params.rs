@@ -110,6 +110,22 @@ impl DecodeParams {
     }
 }
 
+/// The driver's tensor map of the cache (`CUtensorMap`: 128 opaque bytes, 64-byte aligned),
+/// built by [`super::tma::kv_map`].
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TensorMap(pub [u64; 16]);
+
+/// The argument of the narrow kernel (`struct NarrowParams` in
+/// `kernels/decode_narrow/kernel.cu`): the decode's parameters, then the cache's tensor map
+/// at the next 64-byte boundary.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NarrowParams {
+    pub d: DecodeParams,
+    pub kv_map: TensorMap,
+}
+
 #[cfg(test)]
 mod tests {
     use std::mem::{offset_of, size_of};
@@ -127,5 +143,13 @@ mod tests {
         assert_eq!(offset_of!(DecodeParams, k_scale), 200);
         assert_eq!(offset_of!(DecodeParams, tokens_per_cta), 204);
         assert_eq!(offset_of!(DecodeParams, k_scale_ptr), 208);
+    }
+
+    #[test]
+    fn narrow_layout_matches_the_kernel() {
+        // static_assert(sizeof(NarrowParams) == 384) in kernels/decode_narrow/kernel.cu.
+        assert_eq!(size_of::<NarrowParams>(), 384);
+        assert_eq!(offset_of!(NarrowParams, kv_map), 256);
+        assert_eq!(std::mem::align_of::<TensorMap>(), 64);
     }
 }

@@ -11,7 +11,7 @@ use crate::dtype::{KvFormat, ModelDtype};
 use crate::plan::splits;
 
 /// Every kernel source, by the name the `#include` lines use.
-pub const HEADERS: [(&str, &str); 7] = [
+pub const HEADERS: [(&str, &str); 8] = [
     ("params.cuh", include_str!("../../../kernels/params.cuh")),
     (
         "common/half.cuh",
@@ -37,6 +37,10 @@ pub const HEADERS: [(&str, &str); 7] = [
         "common/keys.cuh",
         include_str!("../../../kernels/common/keys.cuh"),
     ),
+    (
+        "common/tma.cuh",
+        include_str!("../../../kernels/common/tma.cuh"),
+    ),
 ];
 
 /// A kernel family: one source file, one entry point.
@@ -46,6 +50,9 @@ pub enum Family {
     DecodeMma,
     /// Stage 1 on Hopper's warpgroup MMA (sm_90a): 64 heads a CTA, 64 keys a tile.
     DecodeWgmma,
+    /// Stage 1 for few heads on Hopper (sm_90a): keys as wgmma's rows, up to 16 query rows a
+    /// CTA, the keys streamed by TMA through a ring of 8 KB chunks.
+    DecodeNarrow,
     /// Stage 2: the ascending merge of the splits.
     Combine,
 }
@@ -56,6 +63,7 @@ impl Family {
         match self {
             Family::DecodeMma => "decode_mma/kernel.cu",
             Family::DecodeWgmma => "decode_wgmma/kernel.cu",
+            Family::DecodeNarrow => "decode_narrow/kernel.cu",
             Family::Combine => "combine/kernel.cu",
         }
     }
@@ -65,6 +73,7 @@ impl Family {
         match self {
             Family::DecodeMma => include_str!("../../../kernels/decode_mma/kernel.cu"),
             Family::DecodeWgmma => include_str!("../../../kernels/decode_wgmma/kernel.cu"),
+            Family::DecodeNarrow => include_str!("../../../kernels/decode_narrow/kernel.cu"),
             Family::Combine => include_str!("../../../kernels/combine/kernel.cu"),
         }
     }
@@ -79,6 +88,7 @@ impl Family {
         match self {
             Family::DecodeMma => "mla_decode_split",
             Family::DecodeWgmma => "mla_decode_wgmma",
+            Family::DecodeNarrow => "mla_decode_narrow",
             Family::Combine => "mla_decode_combine",
         }
     }
@@ -94,6 +104,9 @@ pub const WGMMA_TILE: usize = splits::WGMMA_ROWS;
 /// ([`splits::WGMMA_MIN_ROWS`], where the split rule's model of the grids needs it too).
 pub const WGMMA_MIN_HEADS: usize = splits::WGMMA_MIN_ROWS;
 
+/// Bytes of one chunk of the narrow kernel's ring: 64 keys x 64 columns of 16 bits.
+const NARROW_CHUNK: usize = 8192;
+
 /// One compiled kernel: the family and its specialization.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Variant {
@@ -108,9 +121,11 @@ pub struct Variant {
     /// Cache format code: 0 model dtype, 1 the other 16-bit type, 2 e4m3, 3 e5m2 (unused by
     /// the combine).
     pub kv: u8,
-    /// Row groups of 16 heads per CTA (unused by the combine).
+    /// Row groups of 16 heads per CTA (unused by the combine; the narrow kernel's rows are
+    /// 16 x this).
     pub row_warps: usize,
-    /// Tiles in the shared-memory ring (unused by the combine).
+    /// Tiles in the shared-memory ring (unused by the combine; the narrow kernel's ring
+    /// counts 8 KB chunks).
     pub stages: usize,
     /// The wgmma kernel's variant for packed query tokens (`MLA_PACK`): each row masks to
     /// its own keys. The other variant keeps one token's simpler loop.
@@ -137,6 +152,11 @@ impl Variant {
                 format!("-DMLA_KV={}", self.kv),
                 format!("-DMLA_PACK={}", self.packed as u8),
             ]),
+            Family::DecodeNarrow => d.extend([
+                format!("-DMLA_R={}", self.rope_dim),
+                format!("-DMLA_N={}", 16 * self.row_warps),
+                format!("-DMLA_SLOTS={}", self.stages),
+            ]),
             Family::Combine => {}
         }
         d
@@ -147,6 +167,7 @@ impl Variant {
         match self.family {
             Family::DecodeMma => 128 * self.row_warps as u32,
             Family::DecodeWgmma => 256,
+            Family::DecodeNarrow => 384,
             Family::Combine => 128,
         }
     }
@@ -169,6 +190,18 @@ impl Variant {
                     (tile, 0)
                 };
                 return 1024 + tile + 2 * stage + converted + t * t * 2 + 2 * t * 8 + 3 * t * 4;
+            }
+            Family::DecodeNarrow => {
+                // 1024 bytes of alignment slack, the ring of 8 KB chunks, q (N x D), and for
+                // each of the two consumer warpgroups P^T (N x 64) and 4 x N column maxima;
+                // two mbarriers a slot.
+                let n = 16 * self.row_warps;
+                let d = self.kv_lora_rank + self.rope_dim;
+                return 1024
+                    + self.stages * NARROW_CHUNK
+                    + n * d * 2
+                    + 2 * (n * 128 + 16 * n)
+                    + 16 * self.stages;
             }
             Family::DecodeMma => {}
         }
@@ -212,14 +245,18 @@ pub enum KernelChoice {
     Mma,
     /// wgmma wherever it can run, whatever the head count (for comparisons).
     Wgmma,
+    /// The narrow kernel wherever it can run (up to 16 rows a CTA, one token a request
+    /// included), else as auto (for comparisons and tests).
+    Narrow,
 }
 
 impl KernelChoice {
-    /// From `MLA_KERNEL` (`mma`, `wgmma`; anything else or unset: auto).
+    /// From `MLA_KERNEL` (`mma`, `wgmma`, `narrow`; anything else or unset: auto).
     pub fn from_env() -> KernelChoice {
         match std::env::var("MLA_KERNEL").as_deref() {
             Ok("mma") => KernelChoice::Mma,
             Ok("wgmma") => KernelChoice::Wgmma,
+            Ok("narrow") => KernelChoice::Narrow,
             _ => KernelChoice::Auto,
         }
     }
@@ -273,6 +310,23 @@ pub fn wgmma_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> {
     applies.then_some(v)
 }
 
+/// The narrow variant (few heads, [`splits::NARROW_ROWS`] rows a CTA), where it can run: an
+/// sm_90a device, a cache in the model dtype, L = 512, whole 64-column chunks, and room for a
+/// ring of at least two tiles (each of the two consumer warpgroups holds one); the ring
+/// takes all the shared memory the rest leaves.
+pub fn narrow_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> {
+    let d = shape.kv_lora_rank + shape.rope_dim;
+    let base = shape.variant(Family::DecodeNarrow, splits::NARROW_ROWS / 16, 0);
+    let fixed = base.smem_bytes();
+    let slots = smem_limit.saturating_sub(fixed) / (NARROW_CHUNK + 16);
+    let applies =
+        base.kv == 0 && shape.kv_lora_rank == 512 && d.is_multiple_of(64) && slots >= 2 * d / 64;
+    applies.then_some(Variant {
+        stages: slots,
+        ..base
+    })
+}
+
 /// The stage-1 variant for a decoder. On sm_90a (`wgmma`), the wgmma kernel where it applies
 /// and `choice` and the head count call for it. Otherwise the mma kernel: the most row groups
 /// (up to 4, fewer for few heads) that fit the device's shared memory, then the ring of tiles
@@ -285,7 +339,7 @@ pub fn decode_variant(
     choice: KernelChoice,
 ) -> Option<Variant> {
     let wants_wgmma = match choice {
-        KernelChoice::Auto => heads >= WGMMA_MIN_HEADS,
+        KernelChoice::Auto | KernelChoice::Narrow => heads >= WGMMA_MIN_HEADS,
         KernelChoice::Wgmma => true,
         KernelChoice::Mma => false,
     };
@@ -329,13 +383,19 @@ fn mma_variant(heads: usize, shape: KernelShape, smem_limit: usize) -> Option<Va
 
 /// The stage-1 kernels of a decoder: its own (one query token a CTA), and on sm_90a, for up
 /// to 32 heads, the wgmma kernel's packed variant, whose CTAs take several query tokens of a
-/// request (16 heads x 4 tokens: one read of the keys serves them all).
+/// request (16 heads x 4 tokens: one read of the keys serves them all), and for up to 16
+/// heads with a cache in the model dtype, the narrow kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stage1 {
     /// The kernel of single-token decodes (and of multi-token ones that do not pack).
     pub decode: Variant,
     /// The kernel of multi-token decodes whose packed rows fill a wgmma tile enough.
     pub packed: Option<Variant>,
+    /// The kernel of few-head multi-token decodes that do not pack into the wgmma tile, on
+    /// pages it tiles ([`splits::narrow_pages`]).
+    pub narrow: Option<Variant>,
+    /// Whether single-token decodes take the narrow kernel too (`MLA_KERNEL=narrow`).
+    pub narrow_everywhere: bool,
 }
 
 impl Stage1 {
@@ -354,22 +414,50 @@ impl Stage1 {
             .then(|| wgmma_variant(shape, smem_limit))
             .flatten()
             .map(|v| Variant { packed: true, ..v });
-        Some(Stage1 { decode, packed })
+        // Auto: where two tokens fit next to the heads; forced: wherever the heads fit.
+        let narrow_everywhere = choice == KernelChoice::Narrow;
+        let narrow_heads = if narrow_everywhere {
+            splits::NARROW_ROWS
+        } else {
+            splits::NARROW_ROWS / 2
+        };
+        let narrow = (wgmma && choice != KernelChoice::Mma && choice != KernelChoice::Wgmma)
+            .then_some(())
+            .filter(|()| heads <= narrow_heads)
+            .and_then(|()| narrow_variant(shape, smem_limit));
+        Some(Stage1 {
+            decode,
+            packed,
+            narrow,
+            narrow_everywhere,
+        })
     }
 
-    /// The kernel a decode of `query_len` tokens a request launches, and the tokens each of
-    /// its CTAs takes: the packed kernel where the tokens pack ([`splits::packing`]: the
-    /// packed rows reach [`WGMMA_MIN_HEADS`], the rule that picks wgmma for single tokens).
-    pub fn launch(&self, heads: usize, query_len: usize) -> (Variant, usize) {
-        match (self.packed, splits::packing(heads, query_len)) {
-            (Some(w), Some(tokens)) => (w, tokens),
+    /// The kernel a decode of `query_len` tokens a request over pages of `page_size` keys
+    /// launches, and the tokens each of its CTAs takes: the packed kernel where the tokens
+    /// pack ([`splits::packing`]: the packed rows reach [`WGMMA_MIN_HEADS`], the rule that
+    /// picks wgmma for single tokens), else the narrow kernel where two or more tokens fit
+    /// it next to the heads and it tiles the pages ([`splits::narrow_tokens`]; with
+    /// `MLA_KERNEL=narrow`, single tokens too), else the decoder's own.
+    pub fn launch(&self, heads: usize, query_len: usize, page_size: usize) -> (Variant, usize) {
+        if let (Some(w), Some(tokens)) = (self.packed, splits::packing(heads, query_len)) {
+            return (w, tokens);
+        }
+        let tokens = splits::narrow_tokens(heads, query_len).or_else(|| {
+            let fits = self.narrow_everywhere && heads <= splits::NARROW_ROWS;
+            fits.then(|| query_len.clamp(1, splits::NARROW_ROWS / heads.max(1)))
+        });
+        match (self.narrow, tokens) {
+            (Some(n), Some(tokens)) if splits::narrow_pages(page_size) => (n, tokens),
             _ => (self.decode, 1),
         }
     }
 
     /// Every stage-1 kernel the decoder can launch.
     pub fn variants(&self) -> impl Iterator<Item = Variant> {
-        std::iter::once(self.decode).chain(self.packed)
+        std::iter::once(self.decode)
+            .chain(self.packed)
+            .chain(self.narrow)
     }
 }
 
@@ -399,7 +487,7 @@ pub fn smem_limit_of_arch(major: u32, minor: u32) -> usize {
 
 /// Every variant the DeepSeek shapes (L = 512, R = 64) can use on an architecture: both model
 /// dtypes, every cache format, every row-group count that fits, and on sm_90a (`wgmma`) the
-/// wgmma kernels (one token a CTA, and packed). What CI compiles.
+/// wgmma kernels (one token a CTA, and packed) and the narrow kernel. What CI compiles.
 pub fn all_variants(smem_limit: usize, wgmma: bool) -> Vec<Variant> {
     let mut out = Vec::new();
     for model in [ModelDtype::Bf16, ModelDtype::F16] {
@@ -418,6 +506,9 @@ pub fn all_variants(smem_limit: usize, wgmma: bool) -> Vec<Variant> {
             }
             if wgmma && let Some(v) = wgmma_variant(KernelShape::deepseek(model, kv), smem_limit) {
                 out.extend([v, Variant { packed: true, ..v }]);
+            }
+            if wgmma && let Some(v) = narrow_variant(KernelShape::deepseek(model, kv), smem_limit) {
+                out.push(v);
             }
         }
         out.push(combine_variant(512, model));
@@ -541,22 +632,25 @@ mod tests {
         let choose = |heads, wgmma, choice| {
             Stage1::choose(heads, bf16(KvFormat::Bf16), 232_448, wgmma, choice).unwrap()
         };
-        // (family, packed variant, tokens a CTA) a decode launches.
+        // (family, packed variant, tokens a CTA) a decode over pages of 64 keys launches.
         let launch = |s: Stage1, heads, q| {
-            let (v, t) = s.launch(heads, q);
+            let (v, t) = s.launch(heads, q, 64);
             (v.family, v.packed, t)
         };
-        let (w, m) = (Family::DecodeWgmma, Family::DecodeMma);
+        let (w, m, n) = (Family::DecodeWgmma, Family::DecodeMma, Family::DecodeNarrow);
         // heads, query_len -> what launches on sm_90a (auto).
         for (heads, q, want) in [
-            (16, 1, (m, false, 1)),
+            (16, 1, (m, false, 1)), // one token: mma.sync, as fast or faster
+            (8, 1, (m, false, 1)),
             (16, 2, (w, true, 2)),
             (16, 4, (w, true, 4)),
             (16, 8, (w, true, 4)), // 64 rows: two token blocks a request
-            (8, 2, (m, false, 1)), // 16 rows: not worth a 64-row tile
+            (8, 2, (n, false, 2)), // 16 rows: the narrow kernel's
             (8, 3, (w, true, 3)),
-            (4, 4, (m, false, 1)),
-            (1, 8, (m, false, 1)),
+            (4, 4, (n, false, 4)),
+            (1, 8, (n, false, 8)),
+            (1, 12, (n, false, 12)), // 12 rows: the wgmma tile needs 17
+            (1, 30, (w, true, 30)),
             (20, 1, (w, false, 1)),
             (20, 3, (w, true, 3)),
             (32, 2, (w, true, 2)),
@@ -569,18 +663,45 @@ mod tests {
                 "{heads} heads, {q} tokens"
             );
         }
+        // Pages the narrow kernel does not tile take the decoder's own kernel.
+        for page in [1, 4, 24, 48, 100] {
+            let (v, t) = choose(8, true, Auto).launch(8, 2, page);
+            assert_eq!((v.family, t), (m, 1), "page {page}");
+        }
+        for page in [8, 16, 32, 64, 128, 256] {
+            let (v, _) = choose(8, true, Auto).launch(8, 2, page);
+            assert_eq!(v.family, n, "page {page}");
+        }
+        // Neither does a cache not in the model dtype.
+        let fp8 = Stage1::choose(8, bf16(KvFormat::Fp8E4m3), 232_448, true, Auto).unwrap();
+        assert_eq!(fp8.launch(8, 2, 64).0.family, m);
+        // MLA_KERNEL=narrow: single tokens of up to 16 heads too; packing still comes first.
+        use KernelChoice::Narrow;
+        assert_eq!(launch(choose(16, true, Narrow), 16, 1), (n, false, 1));
+        assert_eq!(launch(choose(5, true, Narrow), 5, 2), (n, false, 2));
+        assert_eq!(launch(choose(16, true, Narrow), 16, 4), (w, true, 4));
+        assert_eq!(launch(choose(17, true, Narrow), 17, 1), (w, false, 1));
         // MLA_KERNEL=mma never packs; MLA_KERNEL=wgmma runs the wgmma kernel everywhere and
         // packs as auto does; before Hopper there is no wgmma kernel.
         assert_eq!(launch(choose(16, true, Mma), 16, 4), (m, false, 1));
+        assert_eq!(launch(choose(16, true, Mma), 16, 1), (m, false, 1));
+        assert_eq!(launch(choose(16, true, Wgmma), 16, 1), (w, false, 1));
         assert_eq!(launch(choose(4, true, Wgmma), 4, 4), (w, false, 1));
         assert_eq!(launch(choose(4, true, Wgmma), 4, 100), (w, true, 16));
         assert_eq!(launch(choose(16, false, Auto), 16, 4), (m, false, 1));
-        // Warmup builds what can launch: the packed variant for up to 32 heads on Hopper.
+        // Warmup builds what can launch: the packed variant for up to 32 heads on Hopper,
+        // the narrow kernel for up to 8 (16 when forced).
         let count = |heads, wgmma| choose(heads, wgmma, Auto).variants().count();
         assert_eq!(
-            (count(16, true), count(32, true), count(33, true)),
-            (2, 2, 1)
+            (
+                count(8, true),
+                count(16, true),
+                count(32, true),
+                count(33, true)
+            ),
+            (3, 2, 2, 1)
         );
+        assert_eq!(choose(16, true, Narrow).variants().count(), 3);
         assert_eq!(count(16, false), 1);
         assert!(
             choose(16, true, Auto)
@@ -589,6 +710,30 @@ mod tests {
                 .defines()
                 .contains(&"-DMLA_PACK=1".to_string())
         );
+    }
+
+    #[test]
+    fn the_narrow_kernel_fills_shared_memory_with_its_ring() {
+        // 25 chunk slots of 8 KB on an H200 next to q (16 x 576 x 2), two P^T (16 x 64 x 2)
+        // and two 4 x 16 maxima, 1 KB slack, two mbarriers a slot.
+        let v = narrow_variant(bf16(KvFormat::Bf16), 232_448).unwrap();
+        assert_eq!((v.stages, v.threads()), (25, 384));
+        assert_eq!(
+            v.smem_bytes(),
+            1024 + 25 * 8192 + 18_432 + 2 * (2048 + 256) + 25 * 16
+        );
+        assert!(v.smem_bytes() <= 232_448);
+        assert!(v.defines().contains(&"-DMLA_SLOTS=25".to_string()));
+        // Only caches in the model dtype, and only where two tiles (18 slots) fit.
+        assert!(narrow_variant(bf16(KvFormat::F16), 232_448).is_none());
+        assert!(narrow_variant(bf16(KvFormat::Fp8E4m3), 232_448).is_none());
+        assert_eq!(
+            narrow_variant(bf16(KvFormat::Bf16), 180_000)
+                .unwrap()
+                .stages,
+            18
+        );
+        assert!(narrow_variant(bf16(KvFormat::Bf16), 166_912).is_none());
     }
 
     #[test]

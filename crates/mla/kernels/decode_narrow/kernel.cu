@@ -1,0 +1,482 @@
+/**
+ * @file decode_narrow/kernel.cu
+ * @brief Stage 1 of the split-KV decode for few heads on Hopper (sm_90a): one CTA attends up
+ * to N query rows (the heads of one token, or of a few tokens of one request) to the keys of
+ * one split, streaming the keys through a ring of TMA copies.
+ *
+ * With 16 heads a decode reads 1152 bytes a key for 35 kFLOP: memory-bound, so what counts is
+ * bytes in flight. The products are turned around so that keys, not heads, fill wgmma's 64
+ * rows (no padding rows) and the accumulators stay small:
+ *   S^T [64 keys x N]  = K [64 x D]   Q^T [D x N]       (A = the key tile, K-major)
+ *   O^T [L x N]       += V^T [L x 64] P^T [64 x N]      (A = the same tile read MN-major)
+ * O^T is 8 blocks of 64 latent columns x N, 4 in each consumer warpgroup: N / 2 x 4
+ * registers a thread.
+ *
+ * Outputs, grid and workspace are decode_mma's and decode_wgmma's (the plan, the workspace and
+ * the combine are shared): grid x = (request * token_blocks + token_block), y = split; a CTA's
+ * N columns are `tokens_per_cta` tokens x heads (column c: token c / heads, head c % heads).
+ *
+ * Block: two consumer warpgroups and a producer warpgroup of which one warp works (384
+ * threads; `setmaxnreg` moves registers from the producer to the consumers).
+ * - The producer streams the split's key tiles (64 keys, whole pages or 64-key pieces of
+ *   them) as 64-column chunks of 8 KB (TMA, 128-byte swizzle) into a ring of SLOTS chunk
+ *   slots, each with a "full" mbarrier (bytes landed) and an "empty" one (its readers are
+ *   done). Tiles start at multiples of 64 keys (a split's first tile may begin before its
+ *   keys and is masked), so a tile never straddles a page of 64 keys or more, and pages of 8,
+ *   16 or 32 keys fill it whole. Its warpgroup then exits.
+ * - Both consumer warpgroups take every tile: S^T chunk by chunk as each lands (36 wgmma
+ *   m64nNk16; both compute it, it is cheap at N = 16), the softmax over keys (a column's max
+ *   across the 4 warps through shared memory and a named barrier), P^T rounded to the model
+ *   dtype into shared memory; then warpgroup w rescales its O^T and adds V^T P^T for its
+ *   half of the latent columns (value chunks 4 w .. 4 w + 3), releasing each chunk as its
+ *   products complete, and the chunks it does not multiply right after the scores. One tile
+ *   is held at a time, so the ring keeps the next ~1.8 tiles in flight (NOTES.md: with
+ *   warpgroups taking alternate tiles, two were held and under one was in flight).
+ *   The two warpgroups run the same softmax on the same scores, so their maxima and sums
+ *   agree bit for bit and each writes its columns with no merge.
+ * - At the end O^T / l is transposed through the ring (now free) and written as rows: to o
+ *   and lse (one split) or to the split's workspace slot.
+ * Keys that a tile holds but no row of the CTA sees (before the split, past its end) are
+ * zeroed in the value chunks before the products: P is 0 there, and 0 x garbage must not be
+ * NaN. Pages past the block table or with a bad block id are never read (the box's block
+ * coordinate is -1, which the TMA unit fills with zeros; a bad id raises the error flag).
+ *
+ * Compile-time configuration (-D):
+ *   MLA_L, MLA_R  latent and rotary widths (L = 512, (L + R) % 64 == 0)
+ *   MLA_BF16      1: the model dtype is bf16, 0: f16 (the cache is in the model dtype)
+ *   MLA_N         columns (query rows) a CTA: 16 or 32
+ *   MLA_SLOTS     8 KB chunk slots in the ring (the host fills the device's shared memory)
+ */
+#include "common/keys.cuh"
+#include "common/ptx.cuh"
+#include "common/rows.cuh"
+#include "common/tma.cuh"
+#include "common/wgmma.cuh"
+#include "params.cuh"
+
+/// The kernel's argument: the decode's parameters and the cache's tensor map (dims: D
+/// elements, page_size slots, num_blocks pages; box: 64 elements x min(page_size, 64) slots).
+struct NarrowParams {
+    DecodeParams d;
+    TensorMap kv_map;
+};
+static_assert(sizeof(NarrowParams) == 384, "NarrowParams must match src/backend/cuda/params.rs");
+
+namespace {
+
+constexpr bool BF16 = MLA_BF16 != 0;
+constexpr int L = MLA_L;
+constexpr int D = L + MLA_R;
+constexpr int N = MLA_N;                 // columns: query rows of the CTA
+constexpr int SLOTS = MLA_SLOTS;         // chunk slots in the ring
+constexpr int BN = 64;                   // keys per tile: wgmma's M
+constexpr int CHUNKS = D / 64;           // 64-column chunks of a key row
+constexpr int V_CHUNKS = L / 64;         // the value part
+constexpr int CHUNK_BYTES = BN * 128;    // one chunk of a tile, swizzled
+constexpr int CONSUMERS = 2;             // warpgroups sharing each tile
+constexpr int OWN = V_CHUNKS / CONSUMERS; // value chunks a consumer multiplies by P
+constexpr int HALF = L / CONSUMERS;      // output columns a consumer writes
+constexpr int S_CHAINS = 3;              // independent accumulators of S^T
+constexpr int THREADS = (CONSUMERS + 1) * 128;  // + the producer warpgroup (one warp works)
+constexpr int PRODUCER_WARP = CONSUMERS * 4;
+// Registers a thread (setmaxnreg): the producer warpgroup gives up most of its share to the
+// consumers, whose accumulators and softmax state need more than an even split (168).
+constexpr int PRODUCER_REGS = 56;
+constexpr int CONSUMER_REGS = 224;
+static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536, "the register file");
+constexpr int Q_BYTES = CHUNKS * N * 128;
+constexpr int PT_BYTES = N * 128;        // P^T of a tile: N rows of 64 keys
+constexpr int RED_BYTES = 4 * N * 4;     // the 4 warps' column maxima
+constexpr int BAR_BYTES = 2 * SLOTS * 8;
+constexpr int LP = HALF + 4;             // padded row of the transposed outputs (no bank conflicts)
+constexpr int ALIGN = 1024;
+constexpr float LN2 = 0.69314718055994530942f;
+constexpr int COLS = N / 4;              // columns of a thread: 8 j + 2 (lane % 4) + e
+
+static_assert(L == 512 && D % 64 == 0, "L = 512 and whole 64-column chunks");
+static_assert(N == 16 || N == 32, "N = 16 or 32");
+static_assert(SLOTS >= 2 * CHUNKS, "the ring holds a tile for each consumer");
+static_assert(CONSUMERS * N * LP * 4 <= SLOTS * CHUNK_BYTES, "the transposed outputs fit in the ring");
+static_assert(V_CHUNKS % CONSUMERS == 0 && CHUNKS / OWN >= CONSUMERS, "value chunks split evenly");
+
+struct Smem {
+    unsigned char* base;  // 1024-byte aligned
+    __device__ unsigned char* slot(int s) const { return base + s * CHUNK_BYTES; }
+    __device__ unsigned char* q() const { return base + SLOTS * CHUNK_BYTES; }
+    __device__ unsigned char* pt(int w) const { return q() + Q_BYTES + w * PT_BYTES; }
+    __device__ float* red(int w) const { return (float*)(pt(CONSUMERS) + w * RED_BYTES); }
+    __device__ u64* full() const { return (u64*)(pt(CONSUMERS) + CONSUMERS * RED_BYTES); }
+    __device__ u64* empty() const { return full() + SLOTS; }
+    // The end of the split, once every tile is consumed: the outputs transposed in the ring,
+    // the row maxima where P^T was (the sums go where the column maxima were).
+    __device__ float* merged(int w) const { return (float*)base + w * N * LP; }  // [N][LP]
+    __device__ float* maxima(int w) const { return (float*)pt(w); }              // [N]
+};
+
+}  // namespace
+
+/// Shared memory the kernel needs (the host checks it against its own count).
+extern "C" __constant__ int mla_decode_smem_bytes =
+    ALIGN + SLOTS * CHUNK_BYTES + Q_BYTES + CONSUMERS * (PT_BYTES + RED_BYTES) + BAR_BYTES;
+
+namespace {
+
+/// The CTA's columns: `tokens` query tokens of one request from token `tok0` (query row
+/// `row0`) on, `heads` heads each.
+struct Cols {
+    int row0, tok0, tokens, heads;
+    __device__ int nth(int c) const { return c / heads; }
+    __device__ int row(int c) const { return row0 + nth(c); }
+    __device__ int head(int c) const { return c % heads; }
+    __device__ bool real(int c) const { return nth(c) < tokens; }
+};
+
+/// The union of the CTA's tokens' keys in this split (`keys`, empty when none has one) and the
+/// keys every token sees (`common`: a tile inside it needs no mask).
+__device__ __forceinline__ void cta_keys(const DecodeParams& p, const Cols& cols, int len, KeyRange& keys,
+                                         KeyRange& common) {
+    keys = {0x7fffffff, 0};
+    common = {0, 0x7fffffff};
+    for (int t = cols.tok0; t < cols.tok0 + cols.tokens; ++t) {
+        const KeyRange r = split_keys(token_keys(p, len, t), blockIdx.y, p.num_kv_splits);
+        if (r.start < r.end) {
+            keys.start = min(keys.start, r.start);
+            keys.end = max(keys.end, r.end);
+        }
+        common.start = max(common.start, r.start);
+        common.end = min(common.end, r.end);
+    }
+}
+
+/// The producer warp: tile by tile, chunk by chunk, waits for the slot to be free and issues
+/// its copies (lane j looks up the block of the tile's page j; lane 0 issues).
+__device__ __forceinline__ void produce(const NarrowParams& np, const Smem& sm, int req, int first0, int tiles,
+                                        const KeyRange& keys) {
+    const DecodeParams& p = np.d;
+    const int lane = threadIdx.x % 32;
+    const int box = min(p.page_size, BN);  // slots a box covers
+    const int boxes = BN / box;            // boxes per chunk (pages of fewer than 64 keys)
+    const u32 full = smem_addr(sm.full()), empty = smem_addr(sm.empty()), ring = smem_addr(sm.slot(0));
+    for (int t = 0; t < tiles; ++t) {
+        const int first = first0 + t * BN;
+        int block = -1;  // no page: the box is filled with zeros
+        if (lane < boxes) {
+            const int pos = first + lane * box;
+            // A page wholly before the split's keys is never looked up (its entry may be stale).
+            if (pos + box > keys.start) {
+                const i64 b = block_of(p, req, max(pos, keys.start), keys.end);
+                if (b != NO_KEY) {
+                    if (b < 0 || b >= p.num_blocks) {
+                        raise_error(p, MLA_ERR_BAD_BLOCK);
+                    } else {
+                        block = (int)b;
+                    }
+                }
+            }
+        }
+        const int slot_in_page = box == BN ? first % p.page_size : 0;
+        for (int c = 0; c < CHUNKS; ++c) {
+            const int g = t * CHUNKS + c, s = g % SLOTS, use = g / SLOTS;
+            if (lane == 0) {
+                if (use > 0) mbar_wait(empty + 8 * s, (use - 1) & 1);
+                mbar_expect_bytes(full + 8 * s, CHUNK_BYTES);
+            }
+            for (int b = 0; b < boxes; ++b) {
+                const int blk = __shfl_sync(0xffffffffu, block, b);
+                if (lane == 0) {
+                    tma_load_3d(ring + s * CHUNK_BYTES + b * box * 128, &np.kv_map, full + 8 * s, c * 64,
+                                slot_in_page, blk);
+                }
+            }
+        }
+    }
+}
+
+/// q of the CTA's columns, by the consumer warpgroups, as the K-major B operand of S^T: chunk
+/// k of 64 columns holds N rows of 128 bytes, swizzled. Padding columns are zero. Returns
+/// when this thread's copies landed, fenced for wgmma.
+__device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, const Cols& cols) {
+    constexpr int PIECES = D / 8;
+    const u32 q = smem_addr(sm.q());
+    for (int i = threadIdx.x; i < N * PIECES; i += CONSUMERS * 128) {
+        const int c = i / PIECES, k = i % PIECES;
+        const bool valid = cols.real(c);
+        const int row = cols.row(c), head = cols.head(c);
+        const u16* src = k < L / 8 ? (const u16*)p.q_nope + row * p.q_nope_row + head * p.q_nope_head + k * 8
+                                   : (const u16*)p.q_rope + row * p.q_rope_row + head * p.q_rope_head + (k - L / 8) * 8;
+        cp_async16(q + swizzled<N>(c, k), valid ? (const void*)src : p.q_nope, valid);
+    }
+    cp_async_commit();
+    cp_async_wait_group<0>();
+    fence_proxy_async();
+}
+
+/// Releases value chunk J of this warpgroup's (global chunk g0 + J) once its products are
+/// done (wgmma groups retire in order: after chunk J's group, OWN - 1 - J are still
+/// pending), then chunk J + 1.
+template <int J>
+__device__ __forceinline__ void release_values(u32 empty, int g0, int lane) {
+    if constexpr (J < OWN) {
+        wgmma_wait<OWN - 1 - J>();
+        if (lane == 0) mbar_arrive(empty + 8 * ((g0 + J) % SLOTS));
+        release_values<J + 1>(empty, g0, lane);
+    }
+}
+
+/// Where P^T's element (column c, key k) lives: row c of 64 keys (128 bytes), swizzled.
+__device__ __forceinline__ u32 pt_offset(int c, int k) {
+    return c * 128 + (((k / 8) ^ (c % 8)) * 16) + (k % 8) * 2;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const __grid_constant__ NarrowParams np) {
+    const DecodeParams& p = np.d;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const Smem sm{(unsigned char*)(((u64)smem_raw + ALIGN - 1) & ~(u64)(ALIGN - 1))};
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int pack = p.tokens_per_cta;  // the host packs only when heads * pack <= N
+    const int token_blocks = (p.query_len + pack - 1) / pack;
+    const int req = blockIdx.x / token_blocks;
+    const int tok0 = blockIdx.x % token_blocks * pack;
+    const Cols cols{req * p.query_len + tok0, tok0, min(pack, p.query_len - tok0), p.heads};
+    const int splits = p.num_kv_splits;
+
+    const int len = request_len(p, req, tid == 0 && blockIdx.y == 0);
+    KeyRange keys, common;
+    cta_keys(p, cols, len, keys, common);
+    if (keys.start >= keys.end) {
+        if (splits == 1) {
+            for (int t = 0; t < cols.tokens; ++t) write_empty<N, THREADS, L>(p, cols.row0 + t, 0);
+        }
+        return;
+    }
+    const int first0 = keys.start - keys.start % BN;
+    const int tiles = (keys.end - first0 + BN - 1) / BN;
+
+    const u32 full = smem_addr(sm.full()), empty = smem_addr(sm.empty());
+    if (tid == 0) {
+        for (int s = 0; s < SLOTS; ++s) {
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 4 * CONSUMERS);  // every consumer warp
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();  // the mbarriers are ready: the producer starts while q loads
+
+    if (warp >= PRODUCER_WARP) {
+        // The producer warpgroup ends here: the consumers merge and write. (Code after its
+        // setmaxnreg.dec must fit the registers it kept, so it shares none of theirs.)
+        set_max_registers<false, PRODUCER_REGS>();
+        if (warp == PRODUCER_WARP) produce(np, sm, req, first0, tiles, keys);
+        return;
+    }
+    set_max_registers<true, CONSUMER_REGS>();
+    load_q(p, sm, cols);
+    named_barrier(4, CONSUMERS * 128);  // q landed for both consumer warpgroups
+    const int wg = warp / 4, w4 = warp % 4;
+    const int key0 = 16 * w4 + lane / 4;  // this thread's keys in a tile: key0, key0 + 8
+    // This thread's columns: ci = 2 j + e is column 8 j + 2 (lane % 4) + e.
+    int lo[COLS], hi[COLS];
+    float m[COLS], l[COLS];
+#pragma unroll
+    for (int ci = 0; ci < COLS; ++ci) {
+        const int c = 8 * (ci / 2) + 2 * (lane % 4) + ci % 2;
+        const KeyRange k = cols.real(c) ? split_keys(token_keys(p, len, cols.tok0 + cols.nth(c)), blockIdx.y, splits)
+                                        : KeyRange{0, 0};
+        lo[ci] = k.start;
+        hi[ci] = k.end;
+        m[ci] = bits_to_float(0xff800000u);
+        l[ci] = 0.0f;
+    }
+    float ot[OWN][N / 2];  // O^T of this warpgroup's value chunks OWN wg .. OWN wg + OWN - 1
+#pragma unroll
+    for (int j = 0; j < OWN; ++j) {
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) ot[j][i] = 0.0f;
+    }
+    const u32 ring = smem_addr(sm.slot(0)), q_addr = smem_addr(sm.q()), pt = smem_addr(sm.pt(wg));
+    const float sc = p.scale_log2;
+    float* red = sm.red(wg);
+
+    for (int t = 0; t < tiles; ++t) {
+        const int first = first0 + t * BN;
+        // S^T = K Q^T, chunk by chunk as the copies land (both warpgroups: each needs P), in
+        // S_CHAINS independent accumulators (chunk c into chain c % S_CHAINS) so that the 36
+        // products are not one chain of dependent wgmma.
+        float sch[S_CHAINS][N / 2];
+#pragma unroll
+        for (int h = 0; h < S_CHAINS; ++h) {
+#pragma unroll
+            for (int i = 0; i < N / 2; ++i) sch[h][i] = 0.0f;
+        }
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) {
+            const int g = t * CHUNKS + c;
+            mbar_wait(full + 8 * (g % SLOTS), (g / SLOTS) & 1);
+            // After the (divergent) wait, a fence of our own: else ptxas inserts one where it
+            // serializes every wgmma.
+            wgmma_fence();
+            const u64 kd = smem_desc(ring + (g % SLOTS) * CHUNK_BYTES, 16, 1024);
+            const u64 qd = opaque(smem_desc(q_addr + c * N * 128, 16, 1024));
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                wgmma_m64nNk16_ss<N, BF16, 0>(sch[c % S_CHAINS], desc_at(kd, 32 * k), desc_at(qd, 32 * k), 1);
+            }
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        float st[N / 2];
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) {
+            st[i] = sch[0][i];
+#pragma unroll
+            for (int h = 1; h < S_CHAINS; ++h) st[i] += sch[h][i];
+        }
+        // Done with the chunks this warpgroup does not multiply by P: the rotary one and the
+        // other warpgroup's values.
+        if (lane == 0) {
+#pragma unroll
+            for (int c = 0; c < CHUNKS; ++c) {
+                if (c / OWN != wg) mbar_arrive(empty + 8 * ((t * CHUNKS + c) % SLOTS));
+            }
+        }
+
+        // Softmax over the tile's keys, per column (the same in both warpgroups): mask, the
+        // column max across the four warps (each holds 16 keys), P^T = 2^(S scale - m)
+        // rounded into shared memory.
+        const bool inside = first >= common.start && first + BN <= common.end;
+        float cmax[COLS];
+#pragma unroll
+        for (int ci = 0; ci < COLS; ++ci) cmax[ci] = bits_to_float(0xff800000u);
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) {
+            const int ci = 2 * (i / 4) + i % 2;
+            const int pos = first + key0 + 8 * ((i / 2) % 2);
+            if (!inside && (pos < lo[ci] || pos >= hi[ci])) st[i] = bits_to_float(0xff800000u);
+            cmax[ci] = fmaxf(cmax[ci], st[i]);
+        }
+#pragma unroll
+        for (int ci = 0; ci < COLS; ++ci) {
+            cmax[ci] = fmaxf(cmax[ci], __shfl_xor_sync(0xffffffffu, cmax[ci], 4));
+            cmax[ci] = fmaxf(cmax[ci], __shfl_xor_sync(0xffffffffu, cmax[ci], 8));
+            cmax[ci] = fmaxf(cmax[ci], __shfl_xor_sync(0xffffffffu, cmax[ci], 16));
+            if (lane < 4) red[w4 * N + 8 * (ci / 2) + 2 * lane + ci % 2] = cmax[ci];
+        }
+        named_barrier(1 + wg, 128);
+        float alpha[COLS], base[COLS];
+#pragma unroll
+        for (int ci = 0; ci < COLS; ++ci) {
+            const int c = 8 * (ci / 2) + 2 * (lane % 4) + ci % 2;
+            const float tmax = fmaxf(fmaxf(red[c], red[N + c]), fmaxf(red[2 * N + c], red[3 * N + c]));
+            const float m_new = fmaxf(m[ci], tmax * sc);
+            alpha[ci] = m_new == m[ci] ? 1.0f : exp2_approx(m[ci] - m_new);
+            // A column with no key yet (its keys start later, or padding) keeps P = 0.
+            base[ci] = m_new == bits_to_float(0xff800000u) ? 0.0f : m_new;
+            m[ci] = m_new;
+            l[ci] *= alpha[ci];
+        }
+        unsigned char* ptp = sm.pt(wg);
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) {
+            const int ci = 2 * (i / 4) + i % 2;
+            const int c = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+            const float pv = exp2_approx(fmaf(st[i], sc, -base[ci]));
+            l[ci] += pv;
+            *(u16*)(ptp + pt_offset(c, key0 + 8 * ((i / 2) % 2))) = (u16)pack2<BF16>(pv, 0.0f);
+        }
+        // Keys of the tile outside every column's range: zero their values in this warpgroup's
+        // chunks (P is 0 there, and 0 x garbage must not be NaN).
+        if (first < keys.start || first + BN > keys.end) {
+            for (int i = tid % 128; i < BN * OWN * 8; i += 128) {
+                const int key = i / (OWN * 8), jc = OWN * wg + (i / 8) % OWN;
+                const int pos = first + key;
+                if (pos >= keys.start && pos < keys.end) continue;
+                *(u32x4*)(sm.slot((t * CHUNKS + jc) % SLOTS) + key * 128 + (i % 8) * 16) = u32x4{0u, 0u, 0u, 0u};
+            }
+        }
+        fence_proxy_async();
+        named_barrier(1 + wg, 128);  // P^T (and the zeros) complete for the products
+
+        bool moved = false;
+#pragma unroll
+        for (int ci = 0; ci < COLS; ++ci) moved |= alpha[ci] != 1.0f;
+        if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+            for (int j = 0; j < OWN; ++j) {
+#pragma unroll
+                for (int i = 0; i < N / 2; ++i) ot[j][i] *= alpha[2 * (i / 4) + i % 2];
+            }
+        }
+        // O^T += V^T P^T for this warpgroup's value chunks (64 latent columns x 64 keys each,
+        // read MN-major); a commit group per chunk so that each is released as soon as its
+        // products are done.
+        const u64 pd = opaque(smem_desc(pt, 16, 1024));
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < OWN; ++j) {
+            const int g = t * CHUNKS + OWN * wg + j;
+            const u64 vd = smem_desc(ring + (g % SLOTS) * CHUNK_BYTES, CHUNK_BYTES, 1024);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                wgmma_m64nNk16_ss<N, BF16, 1>(ot[j], desc_at(vd, kk * 2048), desc_at(pd, kk * 32), 1);
+            }
+            wgmma_commit();
+        }
+        release_values<0>(empty, t * CHUNKS + OWN * wg, lane);
+    }
+
+    // The row sums: this thread's keys reduced over the warp (lanes with the same lane % 4),
+    // then over the four warps through shared memory, with the maxima beside them; O^T / l
+    // transposed through the ring (free once both warpgroups are done with it) so that the
+    // writes are whole rows of this warpgroup's L / 2 columns.
+#pragma unroll
+    for (int ci = 0; ci < COLS; ++ci) {
+        l[ci] += __shfl_xor_sync(0xffffffffu, l[ci], 4);
+        l[ci] += __shfl_xor_sync(0xffffffffu, l[ci], 8);
+        l[ci] += __shfl_xor_sync(0xffffffffu, l[ci], 16);
+    }
+    named_barrier(3, CONSUMERS * 128);  // both warpgroups are done with the ring, red and P^T
+#pragma unroll
+    for (int ci = 0; ci < COLS; ++ci) {
+        const int c = 8 * (ci / 2) + 2 * (lane % 4) + ci % 2;
+        if (lane < 4) {
+            red[w4 * N + c] = l[ci];
+            if (w4 == 0) sm.maxima(wg)[c] = m[ci];
+        }
+    }
+    float* out = sm.merged(wg);  // [N][LP]: this warpgroup's columns, unnormalized
+#pragma unroll
+    for (int j = 0; j < OWN; ++j) {
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) {
+            const int c = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+            out[c * LP + 64 * j + key0 + 8 * ((i / 2) % 2)] = ot[j][i];
+        }
+    }
+    named_barrier(1 + wg, 128);
+
+    // O / l and the LSE, four latent columns a thread.
+    for (int i = tid % 128; i < N * (HALF / 4); i += 128) {
+        const int c = i / (HALF / 4), col = 4 * (i % (HALF / 4));
+        if (!cols.real(c)) continue;
+        const float sum = red[c] + red[N + c] + red[2 * N + c] + red[3 * N + c];
+        // A column with no key in the split (sum 0) gets o = 0 and lse = -inf (the combine
+        // skips the split, whose range it finds empty too).
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const f32x4 v = *(const f32x4*)(out + c * LP + col);
+        const float o0 = v.x * inv, o1 = v.y * inv, o2 = v.z * inv, o3 = v.w * inv;
+        const float lse = (sm.maxima(wg)[c] + log2_approx(sum)) * LN2;
+        const int row = cols.row(c), head = cols.head(c), at_col = HALF * wg + col;
+        if (splits == 1) {
+            u16* o = (u16*)p.o + row * p.o_row + head * p.o_head + at_col;
+            *(u32*)o = pack2<BF16>(o0, o1);
+            *(u32*)(o + 2) = pack2<BF16>(o2, o3);
+            if (at_col == 0) p.lse[row * p.lse_row + head] = lse;
+        } else {
+            const i64 at = ((i64)row * splits + blockIdx.y) * p.heads + head;
+            *(f32x4*)(p.part_o + at * L + at_col) = f32x4{o0, o1, o2, o3};
+            if (at_col == 0) p.part_lse[at] = lse;
+        }
+    }
+}
