@@ -226,12 +226,18 @@ if has dcp; then
 fi
 
 if has profile; then
-  # Nsight Compute on one wgmma decode (64 requests x 4096 keys, 64 heads: one wave).
-  timeout "$limit" ncu --clock-control none --kernel-name mla_decode_wgmma --launch-count 1 \
+  # Nsight Compute on one decode: by default the wgmma kernel on 64 requests x 4096 keys, 64
+  # heads (one wave). MLA_PROFILE_KERNEL (a regex of entry points, e.g.
+  # "mla_decode_(narrow|combine)"), MLA_PROFILE_COUNT (launches profiled), MLA_PROFILE_CHOICE
+  # (MLA_KERNEL) and MLA_PROFILE_ARGS (`mla bench` arguments) replace the defaults.
+  # shellcheck disable=SC2086  # MLA_PROFILE_ARGS is a list of arguments
+  timeout "$limit" ncu --clock-control none --kernel-name "regex:${MLA_PROFILE_KERNEL:-mla_decode_wgmma}" \
+    --launch-count "${MLA_PROFILE_COUNT:-1}" \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section WarpStateStats --section Occupancy --section LaunchStats \
-    env MLA_KERNEL=wgmma gpu-bin/mla bench --backend cuda --batch 64 --heads 64 --ctx 4096 \
-    --page 64 --kv-dtype bf16 --iters 1 > "$out/ncu.txt" 2>&1
+    env MLA_KERNEL="${MLA_PROFILE_CHOICE:-wgmma}" gpu-bin/mla bench --backend cuda \
+    ${MLA_PROFILE_ARGS:---batch 64 --heads 64 --ctx 4096} --page 64 --kv-dtype bf16 --iters 1 \
+    > "$out/ncu.txt" 2>&1
   note "profile: rc=$? (ncu.txt)"
   grep -E "Duration|Throughput|Pipe|Stall|Issued|Eligible|Active Warps|L2 Hit|Registers|Shared Memory Config" "$out/ncu.txt" | head -n 40
 fi
