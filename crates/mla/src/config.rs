@@ -187,24 +187,15 @@ impl MlaConfig {
             _ if self.batch_invariant => SplitRule::Single,
             (_, Some(splits)) => SplitRule::Fixed { splits },
             (DeviceInfo::Cpu { .. }, None) => SplitRule::Vllm { sm_count },
-            (DeviceInfo::Cuda { capability, .. }, None) => {
-                let hopper = capability.major == 9 && capability.minor == 0;
-                // The narrow kernel reads caches in the model dtype (backend::cuda::registry),
-                // and MLA_KERNEL=mma|wgmma (its KernelChoice) rules it out: the rule then
-                // models the kernels that really run.
-                let model_cache = matches!(
-                    (self.model_dtype, kv_format),
-                    (ModelDtype::Bf16, KvFormat::Bf16) | (ModelDtype::F16, KvFormat::F16)
-                );
-                let forced = matches!(std::env::var("MLA_KERNEL").as_deref(), Ok("mma" | "wgmma"));
-                SplitRule::Fill {
-                    sm_count,
-                    kv_lora_rank: self.kv_lora_rank,
-                    max_splits: 64,
-                    wgmma: hopper,
-                    narrow: hopper && model_cache && !forced,
-                }
-            }
+            // Which token-packing kernels run is the backend's choice: it says so once it has
+            // chosen them (`Backend::split_rule`).
+            (DeviceInfo::Cuda { .. }, None) => SplitRule::Fill {
+                sm_count,
+                kv_lora_rank: self.kv_lora_rank,
+                max_splits: 64,
+                wgmma: false,
+                narrow: false,
+            },
         };
         Ok(ValidConfig {
             num_heads: self.num_heads,

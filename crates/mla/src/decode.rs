@@ -59,8 +59,9 @@ impl MlaDecode {
     /// [`Error::NoCudaDevice`] for a GPU that cannot be used.
     pub fn new(config: &MlaConfig, device: Device) -> Result<Self> {
         let (mut backend, info) = Backend::open(device)?;
-        let config = config.validate(&info)?;
+        let mut config = config.validate(&info)?;
         backend.configure(&config)?;
+        config.split_rule = backend.split_rule(config.split_rule);
         Ok(MlaDecode {
             config,
             device: info,

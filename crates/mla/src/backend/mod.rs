@@ -16,7 +16,7 @@ use std::fmt;
 use crate::args::{DecodeInputs, DecodeOutputs};
 use crate::config::{DeviceInfo, ValidConfig};
 use crate::error::Result;
-use crate::plan::DecodePlan;
+use crate::plan::{DecodePlan, SplitRule};
 use crate::tensor::Location;
 
 /// Which device a decoder runs on.
@@ -102,6 +102,16 @@ impl Backend {
             }
             #[cfg(feature = "cuda")]
             Backend::Cuda(b) => b.configure(cfg),
+        }
+    }
+
+    /// `rule` as it models the kernels `configure` chose (the CUDA backend's token-packing
+    /// kernels; the CPU has none).
+    pub(crate) fn split_rule(&self, rule: SplitRule) -> SplitRule {
+        match self {
+            Backend::Cpu(_) => rule,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(b) => b.split_rule(rule),
         }
     }
 

@@ -75,8 +75,8 @@ pub enum SplitRule {
         kv_lora_rank: usize,
         /// Most splits a row gets (the combine walks them in order).
         max_splits: usize,
-        /// Whether the GPU runs the wgmma kernel (sm_90a), which packs the query tokens of
-        /// few-head requests into one CTA ([`packing`]).
+        /// Whether the GPU runs the wgmma kernel's packed variant (sm_90a), which takes the
+        /// query tokens of a few-head request in one CTA ([`packing`]).
         wgmma: bool,
         /// Whether it runs the narrow kernel for few heads (sm_90a, a cache in the model
         /// dtype): one CTA a request's [`narrow_tokens`], one CTA per SM.
@@ -93,6 +93,26 @@ pub enum SplitRule {
 }
 
 impl SplitRule {
+    /// The fill rule modelling the token-packing kernels a backend chose (`wgmma`: the wgmma
+    /// kernel's packed variant, `narrow`: the narrow kernel); other rules as they are.
+    pub fn with_kernels(self, wgmma: bool, narrow: bool) -> SplitRule {
+        match self {
+            SplitRule::Fill {
+                sm_count,
+                kv_lora_rank,
+                max_splits,
+                ..
+            } => SplitRule::Fill {
+                sm_count,
+                kv_lora_rank,
+                max_splits,
+                wgmma,
+                narrow,
+            },
+            other => other,
+        }
+    }
+
     /// The split count of a batch of `rows` query rows (`query_len` a request) and `heads`
     /// heads whose longest span is `max_kv_len`.
     pub fn splits(self, max_kv_len: usize, rows: usize, query_len: usize, heads: usize) -> usize {
@@ -368,6 +388,38 @@ mod tests {
         assert_eq!(rule(true).ctas_per_split(128, 2, 8), (64, 1));
         assert_eq!(rule(false).ctas_per_split(128, 2, 8), (128, 2));
         assert_eq!(rule(true).ctas_per_split(64, 1, 16), (64, 2));
+    }
+
+    #[test]
+    fn a_backend_tells_the_fill_rule_which_packing_kernels_it_runs() {
+        let fill = SplitRule::Fill {
+            sm_count: 132,
+            kv_lora_rank: 512,
+            max_splits: 64,
+            wgmma: false,
+            narrow: false,
+        };
+        let hopper = fill.with_kernels(true, true);
+        assert_eq!(
+            hopper,
+            SplitRule::Fill {
+                sm_count: 132,
+                kv_lora_rank: 512,
+                max_splits: 64,
+                wgmma: true,
+                narrow: true,
+            }
+        );
+        // 8 heads x 2 tokens: one narrow CTA a request on Hopper, a CTA a token otherwise.
+        assert_eq!(hopper.ctas_per_split(128, 2, 8), (64, 1));
+        assert_eq!(fill.ctas_per_split(128, 2, 8), (128, 2));
+        for other in [
+            SplitRule::Single,
+            SplitRule::Vllm { sm_count: 8 },
+            SplitRule::Fixed { splits: 3 },
+        ] {
+            assert_eq!(other.with_kernels(true, true), other);
+        }
     }
 
     #[test]

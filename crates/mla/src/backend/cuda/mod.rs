@@ -30,7 +30,7 @@ use self::registry::{Family, Variant};
 use crate::args::{DecodeInputs, DecodeOutputs, Query};
 use crate::config::{DeviceInfo, ValidConfig};
 use crate::error::{Capability, Error, Result};
-use crate::plan::DecodePlan;
+use crate::plan::{DecodePlan, SplitRule};
 
 /// The two kernels a configuration decodes with, chosen once by [`CudaBackend::configure`].
 #[derive(Debug, Clone, Copy)]
@@ -220,6 +220,15 @@ impl CudaBackend {
             combine: registry::combine_variant(l, cfg.model_dtype),
         });
         Ok(())
+    }
+
+    /// `rule` modelling the token-packing kernels `configure` chose: the wgmma kernel's packed
+    /// variant and the narrow kernel, where this decoder has them.
+    pub(crate) fn split_rule(&self, rule: SplitRule) -> SplitRule {
+        match self.chosen {
+            Some(k) => rule.with_kernels(k.stage1.packed.is_some(), k.stage1.narrow.is_some()),
+            None => rule,
+        }
     }
 
     /// The stage-1 kernel a decode of `query_len` tokens a request over `heads` heads and
