@@ -26,7 +26,7 @@ use cudarc::nvrtc::Ptx;
 
 use self::compile::{Built, Target};
 use self::params::{DecodeParams, NarrowParams, Pointers, TensorMap};
-use self::registry::{Family, Variant};
+use self::registry::Variant;
 use crate::args::{DecodeInputs, DecodeOutputs, Query};
 use crate::config::{DeviceInfo, ValidConfig};
 use crate::error::{Capability, Error, Result};
@@ -419,15 +419,10 @@ impl CudaBackend {
             .stage1
             .launch(plan.heads, plan.query_len, plan.kv.page_size);
         let params = DecodeParams::new(plan, &ptr, tokens);
-        // A CTA takes `tokens` query tokens of one request and, of each, a block of heads:
-        // all of them in the packed and narrow variants (the kernels' grid layout).
-        let heads_per_cta = if decode.packed || decode.family == Family::DecodeNarrow {
-            plan.heads
-        } else {
-            16 * decode.row_warps
-        };
-        let ctas =
-            plan.requests * plan.query_len.div_ceil(tokens) * plan.heads.div_ceil(heads_per_cta);
+        // A CTA takes `tokens` query tokens of one request and, of each, a block of heads.
+        let ctas = plan.requests
+            * plan.query_len.div_ceil(tokens)
+            * plan.heads.div_ceil(decode.heads_per_cta(plan.heads));
         let grid_x = u32::try_from(ctas).map_err(|_| too_big(plan))?;
         let splits = u32::try_from(plan.num_kv_splits)
             .ok()
@@ -435,7 +430,7 @@ impl CudaBackend {
             .ok_or_else(|| too_big(plan))?;
         let f = self.kernel(decode)?.clone();
         let (grid, block, smem) = ((grid_x, splits), (decode.threads(), 1), decode.smem_bytes());
-        if decode.family == Family::DecodeNarrow {
+        if decode.takes_tensor_map() {
             let narrow = NarrowParams {
                 d: params,
                 kv_map: kv_map(plan, ptr.kv)?,

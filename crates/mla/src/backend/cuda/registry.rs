@@ -162,6 +162,22 @@ impl Variant {
         d
     }
 
+    /// Heads of a query token a CTA takes (of `heads`): all of them in the packed wgmma and
+    /// the narrow variants (their rows are tokens x heads), else a row group's worth.
+    pub fn heads_per_cta(&self, heads: usize) -> usize {
+        if self.packed || self.family == Family::DecodeNarrow {
+            heads
+        } else {
+            16 * self.row_warps
+        }
+    }
+
+    /// Whether the kernel takes the cache's tensor map beside the parameters (it copies the
+    /// keys by TMA).
+    pub fn takes_tensor_map(&self) -> bool {
+        self.family == Family::DecodeNarrow
+    }
+
     /// Threads per CTA.
     pub fn threads(&self) -> u32 {
         match self.family {
@@ -724,6 +740,20 @@ mod tests {
         );
         assert!(v.smem_bytes() <= 232_448);
         assert!(v.defines().contains(&"-DMLA_SLOTS=25".to_string()));
+        // Its CTAs take every head of their tokens, and the cache's tensor map.
+        assert_eq!(v.heads_per_cta(8), 8);
+        assert!(v.takes_tensor_map());
+        let mma = mma_variant(128, bf16(KvFormat::Bf16), 232_448).unwrap();
+        assert_eq!(mma.heads_per_cta(128), 64);
+        assert!(!mma.takes_tensor_map());
+        let w = wgmma_variant(bf16(KvFormat::Bf16), 232_448).unwrap();
+        assert_eq!(
+            (
+                w.heads_per_cta(128),
+                Variant { packed: true, ..w }.heads_per_cta(16)
+            ),
+            (64, 16)
+        );
         // Only caches in the model dtype, and only where two tiles (18 slots) fit.
         assert!(narrow_variant(bf16(KvFormat::F16), 232_448).is_none());
         assert!(narrow_variant(bf16(KvFormat::Fp8E4m3), 232_448).is_none());
