@@ -42,9 +42,41 @@ __device__ __forceinline__ KeyRange row_keys(const DecodeParams& p, int row, boo
     return token_keys(p, request_len(p, request, check), row - request * p.query_len);
 }
 
+/// 16-byte piece `k` (8 elements) of the query of row `row`, head `head`: the latent part's
+/// L / 8 pieces, then the rotary part's (q_nope and q_rope may be one tensor or two).
+template <int L>
+__device__ __forceinline__ const u16* q_piece(const DecodeParams& p, int row, int head, int k) {
+    return k < L / 8 ? (const u16*)p.q_nope + row * p.q_nope_row + head * p.q_nope_head + k * 8
+                     : (const u16*)p.q_rope + row * p.q_rope_row + head * p.q_rope_head + (k - L / 8) * 8;
+}
+
 /// Split `s` of `splits`: per = ceil(len / splits), keys [start + s * per, ...) clipped.
 __device__ __forceinline__ KeyRange split_keys(KeyRange k, int s, int splits) {
     const int per = (k.end - k.start + splits - 1) / splits;
     const int start = min(k.start + s * per, k.end);
     return {start, min(start + per, k.end)};
+}
+
+/// Where a CTA that packs query tokens tok0 .. tok0 + tokens of one request (KV length `len`)
+/// reads split `s` of `splits`: the union of the tokens' split ranges (`keys`, empty when none
+/// has a key there) and the keys every token sees (`common`: a tile inside it needs no
+/// per-row mask). From the per-row rules above, so each row still sees exactly its keys and
+/// the combine finds the same splits.
+struct TokensKeys {
+    KeyRange keys, common;
+};
+
+__device__ __forceinline__ TokensKeys tokens_keys(const DecodeParams& p, int len, int tok0, int tokens, int s,
+                                                  int splits) {
+    TokensKeys k{{0x7fffffff, 0}, {0, 0x7fffffff}};
+    for (int t = tok0; t < tok0 + tokens; ++t) {
+        const KeyRange r = split_keys(token_keys(p, len, t), s, splits);
+        if (r.start < r.end) {
+            k.keys.start = min(k.keys.start, r.start);
+            k.keys.end = max(k.keys.end, r.end);
+        }
+        k.common.start = max(k.common.start, r.start);
+        k.common.end = min(k.common.end, r.end);
+    }
+    return k;
 }

@@ -103,12 +103,7 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, in
         const int r = c / QCH, k = c % QCH;
         const int head = head0 + r;
         const bool valid = head < p.heads;
-        const u16* src;
-        if (k < L / 8) {
-            src = (const u16*)p.q_nope + row * p.q_nope_row + head * p.q_nope_head + k * 8;
-        } else {
-            src = (const u16*)p.q_rope + row * p.q_rope_row + head * p.q_rope_head + (k - L / 8) * 8;
-        }
+        const u16* src = q_piece<L>(p, row, head, k);
         cp_async16(smem_addr(sm.q() + r * DP + k * 8), valid ? (const void*)src : p.q_nope, valid);
     }
 }

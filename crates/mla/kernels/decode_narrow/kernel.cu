@@ -131,23 +131,6 @@ struct Cols {
     __device__ bool real(int c) const { return nth(c) < tokens; }
 };
 
-/// The union of the CTA's tokens' keys in this split (`keys`, empty when none has one) and the
-/// keys every token sees (`common`: a tile inside it needs no mask).
-__device__ __forceinline__ void cta_keys(const DecodeParams& p, const Cols& cols, int len, KeyRange& keys,
-                                         KeyRange& common) {
-    keys = {0x7fffffff, 0};
-    common = {0, 0x7fffffff};
-    for (int t = cols.tok0; t < cols.tok0 + cols.tokens; ++t) {
-        const KeyRange r = split_keys(token_keys(p, len, t), blockIdx.y, p.num_kv_splits);
-        if (r.start < r.end) {
-            keys.start = min(keys.start, r.start);
-            keys.end = max(keys.end, r.end);
-        }
-        common.start = max(common.start, r.start);
-        common.end = min(common.end, r.end);
-    }
-}
-
 /// The producer warp: tile by tile, chunk by chunk, waits for the slot to be free and issues
 /// its copies (lane j looks up the block of the tile's page j; lane 0 issues).
 __device__ __forceinline__ void produce(const NarrowParams& np, const Smem& sm, int req, int first0, int tiles,
@@ -202,8 +185,7 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, co
         const int c = i / PIECES, k = i % PIECES;
         const bool valid = cols.real(c);
         const int row = cols.row(c), head = cols.head(c);
-        const u16* src = k < L / 8 ? (const u16*)p.q_nope + row * p.q_nope_row + head * p.q_nope_head + k * 8
-                                   : (const u16*)p.q_rope + row * p.q_rope_row + head * p.q_rope_head + (k - L / 8) * 8;
+        const u16* src = q_piece<L>(p, row, head, k);
         cp_async16(q + swizzled<N>(c, k), valid ? (const void*)src : p.q_nope, valid);
     }
     cp_async_commit();
@@ -243,8 +225,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
     const int splits = p.num_kv_splits;
 
     const int len = request_len(p, req, tid == 0 && blockIdx.y == 0);
-    KeyRange keys, common;
-    cta_keys(p, cols, len, keys, common);
+    const TokensKeys cta = tokens_keys(p, len, cols.tok0, cols.tokens, blockIdx.y, splits);
+    const KeyRange keys = cta.keys, common = cta.common;
     if (keys.start >= keys.end) {
         if (splits == 1) {
             for (int t = 0; t < cols.tokens; ++t) write_empty<N, THREADS, L>(p, cols.row0 + t, 0);

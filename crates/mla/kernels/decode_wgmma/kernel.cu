@@ -115,30 +115,13 @@ struct Rows {
     __device__ bool real(int r, const DecodeParams& p) const { return nth(r) < tokens && head(r) < p.heads; }
 };
 
-/// Where this CTA's split reads: the union of its rows' split ranges (`keys`, empty when no
-/// row has a key in the split) and the keys every row sees (`common`: a tile inside it needs
-/// no mask). Computed from the contract's per-row rules (common/rows.cuh), so each row
-/// still sees exactly its keys and the combine finds the same splits.
-struct CtaKeys {
-    KeyRange keys, common;
-};
-
-__device__ __forceinline__ CtaKeys cta_keys(const DecodeParams& p, const Rows& rows, int len) {
-    if (!PACK) {  // one token: its keys are the CTA's
+/// Where this CTA's split reads (common/rows.cuh, tokens_keys): with one token, its keys.
+__device__ __forceinline__ TokensKeys cta_keys(const DecodeParams& p, const Rows& rows, int len) {
+    if (!PACK) {
         const KeyRange r = split_keys(token_keys(p, len, rows.tok0), blockIdx.y, p.num_kv_splits);
         return {r, r};
     }
-    CtaKeys k{{0x7fffffff, 0}, {0, 0x7fffffff}};
-    for (int t = rows.tok0; t < rows.tok0 + rows.tokens; ++t) {
-        const KeyRange r = split_keys(token_keys(p, len, t), blockIdx.y, p.num_kv_splits);
-        if (r.start < r.end) {
-            k.keys.start = min(k.keys.start, r.start);
-            k.keys.end = max(k.keys.end, r.end);
-        }
-        k.common.start = max(k.common.start, r.start);
-        k.common.end = min(k.common.end, r.end);
-    }
-    return k;
+    return tokens_keys(p, len, rows.tok0, rows.tokens, blockIdx.y, p.num_kv_splits);
 }
 
 /// q of the tile's rows, swizzled; padding rows are zero.
@@ -148,12 +131,7 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, co
         const int r = c / PIECES, k = c % PIECES;
         const int row = rows.row(r), head = rows.head(r);
         const bool valid = rows.real(r, p);
-        const u16* src;
-        if (k < L / 8) {
-            src = (const u16*)p.q_nope + row * p.q_nope_row + head * p.q_nope_head + k * 8;
-        } else {
-            src = (const u16*)p.q_rope + row * p.q_rope_row + head * p.q_rope_head + (k - L / 8) * 8;
-        }
+        const u16* src = q_piece<L>(p, row, head, k);
         cp_async16(q + swizzled<M>(r, k), valid ? (const void*)src : p.q_nope, valid);
     }
 }
@@ -307,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
     const int splits = p.num_kv_splits;
 
     const int len = request_len(p, req, tid == 0 && blockIdx.y == 0);  // read once, for every row
-    const CtaKeys cta = cta_keys(p, rows, len);
+    const TokensKeys cta = cta_keys(p, rows, len);
     const KeyRange keys = cta.keys;
     if (keys.start >= keys.end) {
         if (splits == 1) {
