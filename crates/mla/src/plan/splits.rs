@@ -40,8 +40,15 @@ pub const NARROW_ROWS: usize = 16;
 /// mma kernel's CTA per token on the H200). One token a request stays on the mma kernel,
 /// which measured as fast or faster there (BENCHMARKS.md); `MLA_KERNEL=narrow` forces it.
 pub fn narrow_tokens(heads: usize, query_len: usize) -> Option<usize> {
-    let tokens = query_len.min(NARROW_ROWS / heads.max(1));
-    (tokens > 1 && packing(heads, query_len).is_none()).then_some(tokens)
+    narrow_fit(heads, query_len).filter(|&tokens| tokens > 1)
+}
+
+/// The tokens a narrow CTA can take of a request, one or more, where the heads fit its
+/// [`NARROW_ROWS`] rows and the wgmma kernel does not pack them: what [`narrow_tokens`] runs
+/// as shipped and `MLA_KERNEL=narrow` runs for single tokens too.
+pub fn narrow_fit(heads: usize, query_len: usize) -> Option<usize> {
+    let fits = (1..=NARROW_ROWS).contains(&heads) && packing(heads, query_len).is_none();
+    fits.then(|| query_len.clamp(1, NARROW_ROWS / heads))
 }
 
 /// Whether the narrow kernel's copies tile pages of `page_size` keys: its 64-key tiles start
@@ -371,6 +378,11 @@ mod tests {
         ] {
             assert_eq!(narrow_tokens(heads, q), want, "{heads} heads, {q} tokens");
         }
+        // Forced (MLA_KERNEL=narrow), single tokens of up to 16 heads too.
+        assert_eq!(narrow_fit(16, 1), Some(1));
+        assert_eq!(narrow_fit(5, 2), Some(2));
+        assert_eq!(narrow_fit(16, 4), None); // the wgmma tile packs them
+        assert_eq!(narrow_fit(17, 1), None);
         for page in [8, 16, 32, 64, 128, 1024] {
             assert!(narrow_pages(page), "{page}");
         }

@@ -432,15 +432,14 @@ impl Stage1 {
             .map(|v| Variant { packed: true, ..v });
         // Auto: where two tokens fit next to the heads; forced: wherever the heads fit.
         let narrow_everywhere = choice == KernelChoice::Narrow;
-        let narrow_heads = if narrow_everywhere {
-            splits::NARROW_ROWS
-        } else {
-            splits::NARROW_ROWS / 2
+        let narrow_heads = match choice {
+            KernelChoice::Narrow => splits::NARROW_ROWS,
+            KernelChoice::Auto => splits::NARROW_ROWS / 2,
+            KernelChoice::Mma | KernelChoice::Wgmma => 0,
         };
-        let narrow = (wgmma && choice != KernelChoice::Mma && choice != KernelChoice::Wgmma)
-            .then_some(())
-            .filter(|()| heads <= narrow_heads)
-            .and_then(|()| narrow_variant(shape, smem_limit));
+        let narrow = (wgmma && heads <= narrow_heads)
+            .then(|| narrow_variant(shape, smem_limit))
+            .flatten();
         Some(Stage1 {
             decode,
             packed,
@@ -459,10 +458,11 @@ impl Stage1 {
         if let (Some(w), Some(tokens)) = (self.packed, splits::packing(heads, query_len)) {
             return (w, tokens);
         }
-        let tokens = splits::narrow_tokens(heads, query_len).or_else(|| {
-            let fits = self.narrow_everywhere && heads <= splits::NARROW_ROWS;
-            fits.then(|| query_len.clamp(1, splits::NARROW_ROWS / heads.max(1)))
-        });
+        let tokens = if self.narrow_everywhere {
+            splits::narrow_fit(heads, query_len)
+        } else {
+            splits::narrow_tokens(heads, query_len)
+        };
         match (self.narrow, tokens) {
             (Some(n), Some(tokens)) if splits::narrow_pages(page_size) => (n, tokens),
             _ => (self.decode, 1),
