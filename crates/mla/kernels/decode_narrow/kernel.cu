@@ -91,7 +91,7 @@ constexpr int BAR_BYTES = 2 * SLOTS * 8;
 constexpr int LP = HALF + 4;             // padded row of the transposed outputs (no bank conflicts)
 constexpr int ALIGN = 1024;
 constexpr float LN2 = 0.69314718055994530942f;
-constexpr int COLS = N / 4;              // columns of a thread: 8 j + 2 (lane % 4) + e
+constexpr int COLS = N / 4;              // columns of a thread (its slots: see column())
 
 static_assert(L == 512 && D % 64 == 0, "L = 512 and whole 64-column chunks");
 static_assert(N == 16 || N == 32, "N = 16 or 32");
@@ -205,6 +205,20 @@ __device__ __forceinline__ void release_values(u32 empty, int g0, int lane) {
     }
 }
 
+/// The accumulator layout turned around (rows: keys or latent columns; columns: the CTA's
+/// query rows). Of a thread's N / 2 values, value i lies in row key0 + row_step(i) (key0 =
+/// 16 warp + lane / 4) and in the thread's column slot(i) of N / 4, which is CTA column
+/// column(slot, lane).
+__device__ __forceinline__ int row_step(int i) {
+    return 8 * ((i / 2) % 2);
+}
+__device__ __forceinline__ int slot(int i) {
+    return 2 * (i / 4) + i % 2;
+}
+__device__ __forceinline__ int column(int slot, int lane) {
+    return 8 * (slot / 2) + 2 * (lane % 4) + slot % 2;
+}
+
 /// Where P^T's element (column c, key k) lives: row c of 64 keys (128 bytes), swizzled.
 __device__ __forceinline__ u32 pt_offset(int c, int k) {
     return c * 128 + (((k / 8) ^ (c % 8)) * 16) + (k % 8) * 2;
@@ -258,12 +272,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
     named_barrier(4, CONSUMERS * 128);  // q landed for both consumer warpgroups
     const int wg = warp / 4, w4 = warp % 4;
     const int key0 = 16 * w4 + lane / 4;  // this thread's keys in a tile: key0, key0 + 8
-    // This thread's columns: ci = 2 j + e is column 8 j + 2 (lane % 4) + e.
+    // This thread's columns: slot ci is CTA column column(ci, lane).
     int lo[COLS], hi[COLS];
     float m[COLS], l[COLS];
 #pragma unroll
     for (int ci = 0; ci < COLS; ++ci) {
-        const int c = 8 * (ci / 2) + 2 * (lane % 4) + ci % 2;
+        const int c = column(ci, lane);
         const KeyRange k = cols.real(c) ? split_keys(token_keys(p, len, cols.tok0 + cols.nth(c)), blockIdx.y, splits)
                                         : KeyRange{0, 0};
         lo[ci] = k.start;
@@ -333,8 +347,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
         for (int ci = 0; ci < COLS; ++ci) cmax[ci] = bits_to_float(0xff800000u);
 #pragma unroll
         for (int i = 0; i < N / 2; ++i) {
-            const int ci = 2 * (i / 4) + i % 2;
-            const int pos = first + key0 + 8 * ((i / 2) % 2);
+            const int ci = slot(i);
+            const int pos = first + key0 + row_step(i);
             if (!inside && (pos < lo[ci] || pos >= hi[ci])) st[i] = bits_to_float(0xff800000u);
             cmax[ci] = fmaxf(cmax[ci], st[i]);
         }
@@ -343,13 +357,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
             cmax[ci] = fmaxf(cmax[ci], __shfl_xor_sync(0xffffffffu, cmax[ci], 4));
             cmax[ci] = fmaxf(cmax[ci], __shfl_xor_sync(0xffffffffu, cmax[ci], 8));
             cmax[ci] = fmaxf(cmax[ci], __shfl_xor_sync(0xffffffffu, cmax[ci], 16));
-            if (lane < 4) red[w4 * N + 8 * (ci / 2) + 2 * lane + ci % 2] = cmax[ci];
+            if (lane < 4) red[w4 * N + column(ci, lane)] = cmax[ci];
         }
         named_barrier(1 + wg, 128);
         float alpha[COLS], base[COLS];
 #pragma unroll
         for (int ci = 0; ci < COLS; ++ci) {
-            const int c = 8 * (ci / 2) + 2 * (lane % 4) + ci % 2;
+            const int c = column(ci, lane);
             const float tmax = fmaxf(fmaxf(red[c], red[N + c]), fmaxf(red[2 * N + c], red[3 * N + c]));
             const float m_new = fmaxf(m[ci], tmax * sc);
             alpha[ci] = m_new == m[ci] ? 1.0f : exp2_approx(m[ci] - m_new);
@@ -361,11 +375,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
         unsigned char* ptp = sm.pt(wg);
 #pragma unroll
         for (int i = 0; i < N / 2; ++i) {
-            const int ci = 2 * (i / 4) + i % 2;
-            const int c = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+            const int ci = slot(i);
             const float pv = exp2_approx(fmaf(st[i], sc, -base[ci]));
             l[ci] += pv;
-            *(u16*)(ptp + pt_offset(c, key0 + 8 * ((i / 2) % 2))) = (u16)pack2<BF16>(pv, 0.0f);
+            *(u16*)(ptp + pt_offset(column(ci, lane), key0 + row_step(i))) = (u16)pack2<BF16>(pv, 0.0f);
         }
         // Keys of the tile outside every column's range: zero their values in this warpgroup's
         // chunks (P is 0 there, and 0 x garbage must not be NaN).
@@ -387,7 +400,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
 #pragma unroll
             for (int j = 0; j < OWN; ++j) {
 #pragma unroll
-                for (int i = 0; i < N / 2; ++i) ot[j][i] *= alpha[2 * (i / 4) + i % 2];
+                for (int i = 0; i < N / 2; ++i) ot[j][i] *= alpha[slot(i)];
             }
         }
         // O^T += V^T P^T for this warpgroup's value chunks (64 latent columns x 64 keys each,
@@ -421,7 +434,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
     named_barrier(3, CONSUMERS * 128);  // both warpgroups are done with the ring, red and P^T
 #pragma unroll
     for (int ci = 0; ci < COLS; ++ci) {
-        const int c = 8 * (ci / 2) + 2 * (lane % 4) + ci % 2;
+        const int c = column(ci, lane);
         if (lane < 4) {
             red[w4 * N + c] = l[ci];
             if (w4 == 0) sm.maxima(wg)[c] = m[ci];
@@ -432,8 +445,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
     for (int j = 0; j < OWN; ++j) {
 #pragma unroll
         for (int i = 0; i < N / 2; ++i) {
-            const int c = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
-            out[c * LP + 64 * j + key0 + 8 * ((i / 2) % 2)] = ot[j][i];
+            out[column(slot(i), lane) * LP + 64 * j + key0 + row_step(i)] = ot[j][i];
         }
     }
     named_barrier(1 + wg, 128);
