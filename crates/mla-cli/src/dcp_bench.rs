@@ -45,11 +45,8 @@ fn rank_run(
 ) -> mla::Result<RankTimes> {
     let mut dec = DcpDecode::new(cfg, group)?;
     dec.set_merge(merge);
-    let max_len = problem.spec.seq_lens.iter().copied().max().unwrap_or(0);
-    dec.reserve(problem.rows(), problem.spec.seq_lens.len(), max_len)?;
-    let rp = RankProblem::upload(&dec, problem)?;
+    let rp = RankProblem::prepare(&mut dec, problem, cfg.kv_cache_dtype)?;
     let inputs = rp.inputs()?;
-    dec.register_decode_warmup(&inputs.kv_cache, cfg.kv_cache_dtype)?;
     let s = dec.stream()?;
     let shape = [problem.rows(), cfg.num_heads, cfg.kv_lora_rank];
     let mut out = DeviceOutputs::with_shape(&s, cfg.model_dtype, shape)?;

@@ -43,11 +43,8 @@ mod on_gpus {
     ) -> mla::Result<(Vec<f32>, Vec<f32>)> {
         let mut dec = DcpDecode::new(cfg, group)?;
         dec.set_merge(merge);
-        let max_len = global.spec.seq_lens.iter().copied().max().unwrap_or(0);
-        dec.reserve(global.rows(), global.spec.seq_lens.len(), max_len)?;
-        let rp = RankProblem::upload(&dec, global)?;
+        let rp = RankProblem::prepare(&mut dec, global, cfg.kv_cache_dtype)?;
         let inputs = rp.inputs()?;
-        dec.register_decode_warmup(&inputs.kv_cache, cfg.kv_cache_dtype)?;
         let s = dec.stream()?;
         let shape = [global.rows(), cfg.num_heads, cfg.kv_lora_rank];
         let mut out = DeviceOutputs::with_shape(&s, cfg.model_dtype, shape)?;

@@ -405,8 +405,8 @@ impl DcpDecode {
         };
         let all_heads = ((h * n).div_ceil(4) as u32).max(1);
         let own_heads = (h.div_ceil(4) as u32).max(1);
-        let grid = |y| (rows as u32, y);
-        let block = (64, 4);
+        // A merge kernel over `y` blocks of 4 heads, a CTA per row.
+        let run = |kernel, y| launch(&s, kernel, (rows as u32, y), (64, 4), 0, &params);
         let comm = &mut self.group.comm;
         match self.merge {
             DcpMerge::AllGatherReduceScatter => {
@@ -415,30 +415,16 @@ impl DcpDecode {
                     DeviceBytes::of(&bufs.lse_all, &s),
                 );
                 comm.all_gather_f32(part_lse, lse_all, rows * h * n, n, &s)?;
-                launch(
-                    &s,
-                    &self.kernels.scale_partials,
-                    grid(all_heads),
-                    block,
-                    0,
-                    &params,
-                )?;
+                run(&self.kernels.scale_partials, all_heads)?;
                 let (scaled, summed) = (
                     DeviceBytes::of(&bufs.scaled_o, &s),
                     DeviceBytes::of(&bufs.summed_o, &s),
                 );
                 comm.reduce_scatter_sum_f32(scaled, summed, rows * h * l, n, &s)?;
-                launch(
-                    &s,
-                    &self.kernels.finish_sum,
-                    grid(own_heads),
-                    block,
-                    0,
-                    &params,
-                )?;
+                run(&self.kernels.finish_sum, own_heads)?;
             }
             DcpMerge::AllToAll => {
-                launch(&s, &self.kernels.pack, grid(all_heads), block, 0, &params)?;
+                run(&self.kernels.pack, all_heads)?;
                 let slot_o = rows * h * l * 2; // 16-bit model dtype
                 let slot_lse = rows * h * 4;
                 let buffers = [
@@ -454,14 +440,7 @@ impl DcpDecode {
                     ),
                 ];
                 comm.all_to_all_bytes(n, &buffers, &s)?;
-                launch(
-                    &s,
-                    &self.kernels.merge_gathered,
-                    grid(own_heads),
-                    block,
-                    0,
-                    &params,
-                )?;
+                run(&self.kernels.merge_gathered, own_heads)?;
             }
         }
         Ok(())

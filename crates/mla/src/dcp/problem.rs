@@ -7,6 +7,7 @@ use cudarc::driver::CudaSlice;
 use super::decode::DcpDecode;
 use super::shard::shard_problem;
 use crate::args::DecodeInputs;
+use crate::dtype::CacheDtype;
 use crate::error::{Error, Result};
 use crate::synth::Problem;
 use crate::synth::device::DeviceProblem;
@@ -47,6 +48,22 @@ impl RankProblem {
             global_lens,
             max_global,
         })
+    }
+
+    /// `dec` made ready for `global` and its shard uploaded: the workspace reserved for the
+    /// problem's rows, requests and longest length, and every kernel built for its cache
+    /// (`cache`, as the decoder's configuration names it). What a test or a benchmark does
+    /// before its decodes.
+    ///
+    /// # Errors
+    /// As [`DcpDecode::reserve`], [`RankProblem::upload`] and
+    /// [`DcpDecode::register_decode_warmup`].
+    pub fn prepare(dec: &mut DcpDecode, global: &Problem, cache: CacheDtype) -> Result<Self> {
+        let max_len = global.spec.seq_lens.iter().copied().max().unwrap_or(0);
+        dec.reserve(global.rows(), global.spec.seq_lens.len(), max_len)?;
+        let rp = RankProblem::upload(dec, global)?;
+        dec.register_decode_warmup(&rp.inputs()?.kv_cache, cache)?;
+        Ok(rp)
     }
 
     /// The DCP decode's inputs: the query, the local cache and block table, the global
