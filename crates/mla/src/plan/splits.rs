@@ -298,15 +298,21 @@ pub fn split_range(row: KeyRange, s: usize, splits: usize) -> KeyRange {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_fill_rule_splits_small_batches_and_spares_large_ones() {
-        let rule = SplitRule::Fill {
+    /// The fill rule of an H200 (132 SMs, L = 512, up to 64 splits) running the token-packing
+    /// kernels named.
+    fn h200(wgmma: bool, narrow: bool) -> SplitRule {
+        SplitRule::Fill {
             sm_count: 132,
             kv_lora_rank: 512,
             max_splits: 64,
-            wgmma: false,
-            narrow: false,
-        };
+            wgmma,
+            narrow,
+        }
+    }
+
+    #[test]
+    fn the_fill_rule_splits_small_batches_and_spares_large_ones() {
+        let rule = h200(false, false);
         // (len, rows, heads) -> splits, as the cost model ranks them.
         let cases = [
             ((1024, 1, 16), 8),
@@ -332,13 +338,7 @@ mod tests {
 
     #[test]
     fn packed_tokens_make_fewer_ctas_and_more_splits_on_hopper() {
-        let rule = |wgmma| SplitRule::Fill {
-            sm_count: 132,
-            kv_lora_rank: 512,
-            max_splits: 64,
-            wgmma,
-            narrow: false,
-        };
+        let rule = |wgmma| h200(wgmma, false);
         // 64 requests x 4 tokens x 16 heads: 64 CTAs a split packed (one per request, 64
         // rows each), 256 of 16 rows otherwise.
         // (CTAs, CTAs an SM runs at once.)
@@ -390,13 +390,7 @@ mod tests {
             assert!(!narrow_pages(page), "{page}");
         }
         // One CTA a request (one per SM) where it runs, else the mma kernel's CTA per token.
-        let rule = |narrow| SplitRule::Fill {
-            sm_count: 132,
-            kv_lora_rank: 512,
-            max_splits: 64,
-            wgmma: true,
-            narrow,
-        };
+        let rule = |narrow| h200(true, narrow);
         assert_eq!(rule(true).ctas_per_split(128, 2, 8), (64, 1));
         assert_eq!(rule(false).ctas_per_split(128, 2, 8), (128, 2));
         assert_eq!(rule(true).ctas_per_split(64, 1, 16), (64, 2));
@@ -404,24 +398,9 @@ mod tests {
 
     #[test]
     fn a_backend_tells_the_fill_rule_which_packing_kernels_it_runs() {
-        let fill = SplitRule::Fill {
-            sm_count: 132,
-            kv_lora_rank: 512,
-            max_splits: 64,
-            wgmma: false,
-            narrow: false,
-        };
+        let fill = h200(false, false);
         let hopper = fill.with_kernels(true, true);
-        assert_eq!(
-            hopper,
-            SplitRule::Fill {
-                sm_count: 132,
-                kv_lora_rank: 512,
-                max_splits: 64,
-                wgmma: true,
-                narrow: true,
-            }
-        );
+        assert_eq!(hopper, h200(true, true));
         // 8 heads x 2 tokens: one narrow CTA a request on Hopper, a CTA a token otherwise.
         assert_eq!(hopper.ctas_per_split(128, 2, 8), (64, 1));
         assert_eq!(fill.ctas_per_split(128, 2, 8), (128, 2));
@@ -437,20 +416,8 @@ mod tests {
     #[test]
     fn reservations_cover_every_batch() {
         for rule in [
-            SplitRule::Fill {
-                sm_count: 132,
-                kv_lora_rank: 512,
-                max_splits: 64,
-                wgmma: false,
-                narrow: false,
-            },
-            SplitRule::Fill {
-                sm_count: 132,
-                kv_lora_rank: 512,
-                max_splits: 64,
-                wgmma: true,
-                narrow: true,
-            },
+            h200(false, false),
+            h200(true, true),
             SplitRule::Vllm { sm_count: 132 },
         ] {
             for (max_rows, max_len, heads) in [
@@ -508,13 +475,7 @@ mod tests {
         assert_eq!(fixed.splits(1 << 20, 64, 4, 16), 5);
         assert_eq!(fixed.max_row_splits(64, 1 << 20, 16), 320);
         assert_eq!(fixed.warmup_counts(8192, 16), [5]);
-        let fill = SplitRule::Fill {
-            sm_count: 132,
-            kv_lora_rank: 512,
-            max_splits: 64,
-            wgmma: false,
-            narrow: false,
-        };
+        let fill = h200(false, false);
         let counts = fill.warmup_counts(8192, 16);
         assert_eq!(
             counts,
