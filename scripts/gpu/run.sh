@@ -172,6 +172,10 @@ if has narrow; then
 1 16 1024 bf16
 128 8 4096 bf16
 64 8 8192 bf16 --query-len 2
+128 16 4096 fp8
+64 16 8192 fp8
+8 16 4096 fp8
+64 8 8192 fp8 --query-len 2
 CASES
   python3 scripts/gpu/compare_table.py "$out/narrow.txt"
 fi

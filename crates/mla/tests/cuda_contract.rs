@@ -73,30 +73,34 @@ fn sliding_windows() {
 
 #[test]
 fn few_heads_on_every_page_size_the_narrow_kernel_tiles() {
-    // Hopper's narrow kernel (up to 16 rows, a cache in the model dtype; as shipped it takes
-    // the multi-token rows of up to 8 heads, with MLA_KERNEL=narrow single tokens of up to 16
-    // too): pages of 8 to 256 keys, split starts inside a tile (lengths that do not divide),
-    // windows, tokens packed (8 heads x 2, 4 x 4, 3 x 5, 1 x 12), padded strides and a split
-    // query. Elsewhere these run on the mma kernel and must match all the same.
-    for (heads, page, q_len, window, model) in [
-        (8, 8, 2, None, ModelDtype::Bf16),
-        (4, 16, 4, Some(1000), ModelDtype::F16),
-        (8, 32, 2, None, ModelDtype::Bf16),
-        (3, 128, 5, Some(65), ModelDtype::Bf16),
-        (8, 256, 2, None, ModelDtype::F16),
-        (1, 64, 12, None, ModelDtype::Bf16),
-        (16, 64, 1, Some(300), ModelDtype::Bf16),
-        (16, 16, 1, None, ModelDtype::F16),
+    // Hopper's narrow kernel (up to 16 rows, a cache in the model dtype or fp8; as shipped it
+    // takes the multi-token rows of up to 8 heads, with MLA_KERNEL=narrow single tokens of up
+    // to 16 too): pages of 8 to 256 keys, split starts inside a tile (lengths that do not
+    // divide), windows, tokens packed (8 heads x 2, 4 x 4, 3 x 5, 1 x 12), fp8 with a scale,
+    // padded strides and a split query. Elsewhere these run on the mma kernel and must match
+    // all the same.
+    use KvFormat::{Bf16, F16, Fp8E4m3, Fp8E5m2};
+    for (heads, page, q_len, window, model, kv) in [
+        (8, 8, 2, None, ModelDtype::Bf16, Bf16),
+        (4, 16, 4, Some(1000), ModelDtype::F16, F16),
+        (8, 32, 2, None, ModelDtype::Bf16, Bf16),
+        (3, 128, 5, Some(65), ModelDtype::Bf16, Bf16),
+        (8, 256, 2, None, ModelDtype::F16, F16),
+        (1, 64, 12, None, ModelDtype::Bf16, Bf16),
+        (16, 64, 1, Some(300), ModelDtype::Bf16, Bf16),
+        (16, 16, 1, None, ModelDtype::F16, F16),
+        (8, 64, 2, None, ModelDtype::Bf16, Fp8E4m3),
+        (4, 16, 4, Some(700), ModelDtype::F16, Fp8E5m2),
+        (16, 32, 1, None, ModelDtype::Bf16, Fp8E4m3),
     ] {
-        let kv = if model == ModelDtype::Bf16 {
-            KvFormat::Bf16
-        } else {
-            KvFormat::F16
-        };
         let mut s = spec(heads, page, &[4097, 1, 0, 777, 20_000], q_len, Mask::Causal)
             .with_format(model, kv);
-        s.token_pad = 8;
+        // Rows padded to a multiple of 16 bytes (8 elements of 16 bits, 16 of fp8).
+        s.token_pad = if kv.is_fp8() { 16 } else { 8 };
         s.page_pad = 64;
+        if kv.is_fp8() {
+            s.k_scale = 0.5;
+        }
         let mut case = Case::new(s);
         case.window = window;
         case.split_q = heads == 8;

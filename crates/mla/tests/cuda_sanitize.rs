@@ -39,6 +39,11 @@ fn sanitize_every_kernel_path() {
     let mut narrow_packed = Case::new(spec(3, 8, &[700, 2, 95], 3, Mask::Causal));
     narrow_packed.window = Some(150);
     cases.push(narrow_packed);
+    // The narrow kernel's fp8 path: raw chunks converted into a tile of the model dtype.
+    let mut s = spec(8, 64, &[900, 5, 130], 2, Mask::Causal)
+        .with_format(ModelDtype::Bf16, KvFormat::Fp8E4m3);
+    s.k_scale = 0.25;
+    cases.push(Case::new(s));
     for case in &cases {
         let Some(run) = gpu::run_case(case) else {
             return;

@@ -45,6 +45,15 @@ __device__ __forceinline__ u64 opaque(u64 desc) {
     return r;
 }
 
+/// Pins accumulator registers' current values here: the compiler may not move their
+/// definitions (a zeroing, say) past this point, between wgmma that are in flight, where
+/// ptxas would have to inject waits (its C7517/C7519 notes).
+template <int K>
+__device__ __forceinline__ void fence_operands(float (&d)[K]) {
+#pragma unroll
+    for (int i = 0; i < K; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
 /// Orders this thread's register and shared-memory accesses before the warpgroup's next wgmma.
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");

@@ -43,10 +43,16 @@
  *
  * Compile-time configuration (-D):
  *   MLA_L, MLA_R  latent and rotary widths (L = 512, (L + R) % 64 == 0)
- *   MLA_BF16      1: the model dtype is bf16, 0: f16 (the cache is in the model dtype)
+ *   MLA_BF16      1: the model dtype is bf16, 0: f16
+ *   MLA_KV        0: the cache in the model dtype; 2: fp8 e4m3, 3: fp8 e5m2. fp8 chunks land
+ *                 raw (64 keys x 64 bytes, half the bytes) and both consumer warpgroups convert
+ *                 each tile (decoded, times k_scale, rounded: bit-exact with the CPU backend)
+ *                 into a 72 KB tile of the model dtype that the products read; values outside
+ *                 the keys become zeros on the way.
  *   MLA_N         columns (query rows) a CTA: 16 or 32
  *   MLA_SLOTS     8 KB chunk slots in the ring (the host fills the device's shared memory)
  */
+#include "common/fp8.cuh"
 #include "common/keys.cuh"
 #include "common/ptx.cuh"
 #include "common/rows.cuh"
@@ -72,7 +78,12 @@ constexpr int SLOTS = MLA_SLOTS;         // chunk slots in the ring
 constexpr int BN = 64;                   // keys per tile: wgmma's M
 constexpr int CHUNKS = D / 64;           // 64-column chunks of a key row
 constexpr int V_CHUNKS = L / 64;         // the value part
-constexpr int CHUNK_BYTES = BN * 128;    // one chunk of a tile, swizzled
+constexpr int CHUNK_BYTES = BN * 128;    // one chunk of a tile in the model dtype, swizzled
+constexpr int KV = MLA_KV;
+constexpr bool FP8 = KV >= 2;
+constexpr int RAW_ROW = FP8 ? 64 : 128;  // bytes of a key's chunk as it lands
+constexpr int RAW_BYTES = BN * RAW_ROW;  // a ring slot
+constexpr int CT_BYTES = FP8 ? CHUNKS * CHUNK_BYTES : 0;  // fp8: the converted tile
 constexpr int CONSUMERS = 2;             // warpgroups sharing each tile
 constexpr int OWN = V_CHUNKS / CONSUMERS; // value chunks a consumer multiplies by P
 constexpr int HALF = L / CONSUMERS;      // output columns a consumer writes
@@ -96,13 +107,15 @@ constexpr int COLS = N / 4;              // columns of a thread (its slots: see 
 static_assert(L == 512 && D % 64 == 0, "L = 512 and whole 64-column chunks");
 static_assert(N == 16 || N == 32, "N = 16 or 32");
 static_assert(SLOTS >= 2 * CHUNKS, "the ring holds a tile for each consumer");
-static_assert(CONSUMERS * N * LP * 4 <= SLOTS * CHUNK_BYTES, "the transposed outputs fit in the ring");
+static_assert(CONSUMERS * N * LP * 4 <= SLOTS * RAW_BYTES, "the transposed outputs fit in the ring");
+static_assert(KV == 0 || KV == 2 || KV == 3, "a cache in the model dtype, or fp8");
 static_assert(V_CHUNKS % CONSUMERS == 0 && CHUNKS / OWN >= CONSUMERS, "value chunks split evenly");
 
 struct Smem {
     unsigned char* base;  // 1024-byte aligned
-    __device__ unsigned char* slot(int s) const { return base + s * CHUNK_BYTES; }
-    __device__ unsigned char* q() const { return base + SLOTS * CHUNK_BYTES; }
+    __device__ unsigned char* slot(int s) const { return base + s * RAW_BYTES; }
+    __device__ unsigned char* ct(int c) const { return base + SLOTS * RAW_BYTES + c * CHUNK_BYTES; }
+    __device__ unsigned char* q() const { return ct(0) + CT_BYTES; }
     __device__ unsigned char* pt(int w) const { return q() + Q_BYTES + w * PT_BYTES; }
     __device__ float* red(int w) const { return (float*)(pt(CONSUMERS) + w * RED_BYTES); }
     __device__ u64* full() const { return (u64*)(pt(CONSUMERS) + CONSUMERS * RED_BYTES); }
@@ -117,7 +130,7 @@ struct Smem {
 
 /// Shared memory the kernel needs (the host checks it against its own count).
 extern "C" __constant__ int mla_decode_smem_bytes =
-    ALIGN + SLOTS * CHUNK_BYTES + Q_BYTES + CONSUMERS * (PT_BYTES + RED_BYTES) + BAR_BYTES;
+    ALIGN + SLOTS * RAW_BYTES + CT_BYTES + Q_BYTES + CONSUMERS * (PT_BYTES + RED_BYTES) + BAR_BYTES;
 
 namespace {
 
@@ -186,12 +199,12 @@ __device__ __forceinline__ void produce(const NarrowParams& np, const Smem& sm, 
             const int slot_in_page = boxes == 1 ? first % p.page_size : 0;
             for (int c = 0; c < CHUNKS; ++c) {
                 if (reused) mbar_wait(empty + 8 * s, phase ^ 1);
-                mbar_expect_bytes(full + 8 * s, CHUNK_BYTES);
-                const u32 dst = ring + s * CHUNK_BYTES;
+                mbar_expect_bytes(full + 8 * s, RAW_BYTES);
+                const u32 dst = ring + s * RAW_BYTES;
 #pragma unroll
                 for (int b = 0; b < MAX_BOXES; ++b) {
                     if (b < boxes) {
-                        tma_load_3d(dst + b * box * 128, &np.kv_map, full + 8 * s, c * 64, slot_in_page, blocks[b]);
+                        tma_load_3d(dst + b * box * RAW_ROW, &np.kv_map, full + 8 * s, c * 64, slot_in_page, blocks[b]);
                     }
                 }
                 if (++s == SLOTS) {
@@ -247,6 +260,35 @@ __device__ __forceinline__ int slot(int i) {
 }
 __device__ __forceinline__ int column(int slot, int lane) {
     return 8 * (slot / 2) + 2 * (lane % 4) + slot % 2;
+}
+
+/// fp8: tile `t`'s raw chunks (from `first`) converted into the tile of the model dtype, by
+/// both consumer warpgroups (the caller fences and waits for all of them before the products):
+/// each chunk awaited, its keys decoded, times k_scale and rounded (zeros outside `keys`),
+/// written swizzled as the wgmma operand; then each warp releases the raw chunks.
+__device__ __forceinline__ void convert_tile(const Smem& sm, int t, int first, const KeyRange& keys, float k_scale,
+                                             u32 full, u32 empty, int lane) {
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+        const int g = t * CHUNKS + c;
+        mbar_wait(full + 8 * (g % SLOTS), (g / SLOTS) & 1);
+    }
+    constexpr int GROUPS = CHUNKS * BN * 8;  // of 8 elements
+    for (int i = threadIdx.x; i < GROUPS; i += CONSUMERS * 128) {
+        const int c = i / (BN * 8), key = (i / 8) % BN, grp = i % 8;
+        const int pos = first + key;
+        u32x4 v = {0u, 0u, 0u, 0u};
+        if (pos >= keys.start && pos < keys.end) {
+            const u32x2 raw = *(const u32x2*)(sm.slot((t * CHUNKS + c) % SLOTS) + key * RAW_ROW + grp * 8);
+            v = convert8<KV, BF16>(u32x4{raw.x, raw.y, 0u, 0u}, k_scale);
+        }
+        *(u32x4*)(sm.ct(c) + swizzled<BN>(key, grp)) = v;
+    }
+    __syncwarp();  // the warp's reads of the raw chunks are done
+    if (lane == 0) {
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) mbar_arrive(empty + 8 * ((t * CHUNKS + c) % SLOTS));
+    }
 }
 
 /// Where P^T's element (column c, key k) lives: row c of 64 keys (128 bytes), swizzled.
@@ -324,9 +366,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
     const u32 ring = smem_addr(sm.slot(0)), q_addr = smem_addr(sm.q()), pt = smem_addr(sm.pt(wg));
     const float sc = p.scale_log2;
     float* red = sm.red(wg);
+    [[maybe_unused]] const float k_scale = FP8 ? (p.k_scale_ptr != nullptr ? *p.k_scale_ptr : p.k_scale) : 1.0f;
+    // Chunk c of tile t as the products read it: its ring slot, or (fp8) the converted tile.
+    const auto operand = [&](int t, int c) -> u32 {
+        return FP8 ? smem_addr(sm.ct(c)) : ring + ((t * CHUNKS + c) % SLOTS) * RAW_BYTES;
+    };
 
     for (int t = 0; t < tiles; ++t) {
         const int first = first0 + t * BN;
+        if (FP8) {
+            // Once both warpgroups are done with the last tile's products, this one's raw
+            // chunks into the converted tile, and the conversion complete before the scores.
+            named_barrier(5, CONSUMERS * 128);
+            convert_tile(sm, t, first, keys, k_scale, full, empty, lane);
+            fence_proxy_async();
+            named_barrier(5, CONSUMERS * 128);
+        }
         // S^T = K Q^T, chunk by chunk as the copies land (both warpgroups: each needs P), in
         // S_CHAINS independent accumulators (chunk c into chain c % S_CHAINS) so that the 36
         // products are not one chain of dependent wgmma.
@@ -335,15 +390,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
         for (int h = 0; h < S_CHAINS; ++h) {
 #pragma unroll
             for (int i = 0; i < N / 2; ++i) sch[h][i] = 0.0f;
+            fence_operands(sch[h]);
         }
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
             const int g = t * CHUNKS + c;
-            mbar_wait(full + 8 * (g % SLOTS), (g / SLOTS) & 1);
+            if (!FP8) mbar_wait(full + 8 * (g % SLOTS), (g / SLOTS) & 1);
             // After the (divergent) wait, a fence of our own: else ptxas inserts one where it
             // serializes every wgmma.
             wgmma_fence();
-            const u64 kd = smem_desc(ring + (g % SLOTS) * CHUNK_BYTES, 16, 1024);
+            const u64 kd = smem_desc(operand(t, c), 16, 1024);
             const u64 qd = opaque(smem_desc(q_addr + c * N * 128, 16, 1024));
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
@@ -360,8 +416,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
             for (int h = 1; h < S_CHAINS; ++h) st[i] += sch[h][i];
         }
         // Done with the chunks this warpgroup does not multiply by P: the rotary one and the
-        // other warpgroup's values.
-        if (lane == 0) {
+        // other warpgroup's values (fp8: all were released after the conversion).
+        if (!FP8 && lane == 0) {
 #pragma unroll
             for (int c = 0; c < CHUNKS; ++c) {
                 if (c / OWN != wg) mbar_arrive(empty + 8 * ((t * CHUNKS + c) % SLOTS));
@@ -411,8 +467,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
             *(u16*)(ptp + pt_offset(column(ci, lane), key0 + row_step(i))) = (u16)pack2<BF16>(pv, 0.0f);
         }
         // Keys of the tile outside every column's range: zero their values in this warpgroup's
-        // chunks (P is 0 there, and 0 x garbage must not be NaN).
-        if (first < keys.start || first + BN > keys.end) {
+        // chunks (P is 0 there, and 0 x garbage must not be NaN; fp8 converted them to zeros).
+        if (!FP8 && (first < keys.start || first + BN > keys.end)) {
             for (int i = tid % 128; i < BN * OWN * 8; i += 128) {
                 const int key = i / (OWN * 8), jc = OWN * wg + (i / 8) % OWN;
                 const int pos = first + key;
@@ -440,15 +496,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
         wgmma_fence();
 #pragma unroll
         for (int j = 0; j < OWN; ++j) {
-            const int g = t * CHUNKS + OWN * wg + j;
-            const u64 vd = smem_desc(ring + (g % SLOTS) * CHUNK_BYTES, CHUNK_BYTES, 1024);
+            const u64 vd = smem_desc(operand(t, OWN * wg + j), CHUNK_BYTES, 1024);
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk) {
                 wgmma_m64nNk16_ss<N, BF16, 1>(ot[j], desc_at(vd, kk * 2048), desc_at(pd, kk * 32), 1);
             }
             wgmma_commit();
         }
-        release_values<0>(empty, t * CHUNKS + OWN * wg, lane);
+        if (FP8) {
+            wgmma_wait<0>();
+        } else {
+            release_values<0>(empty, t * CHUNKS + OWN * wg, lane);
+        }
     }
 
     // The row sums: this thread's keys reduced over the warp (lanes with the same lane % 4),

@@ -61,7 +61,9 @@ pub struct Usage {
     /// Spill load bytes.
     pub spill_loads: u32,
     /// Whether ptxas serialized the warpgroup MMAs (its C7520 "Potential Performance Loss":
-    /// each wgmma then waits for the one before, which costs a Hopper kernel its overlap).
+    /// each wgmma then waits for the one before, which costs a Hopper kernel its overlap) or
+    /// injected waits between them (C7517, C7519: a register of an accumulator in flight was
+    /// touched; `fence_operands` in common/wgmma.cuh pins such registers).
     pub serialized_wgmma: bool,
 }
 
@@ -98,7 +100,8 @@ pub fn usage(log: &str) -> Option<Usage> {
             u.spill_stores += number_before(line, "bytes spill stores").unwrap_or(0);
             u.spill_loads += number_before(line, "bytes spill loads").unwrap_or(0);
         }
-        u.serialized_wgmma |= line.contains("wgmma.mma_async instructions are serialized");
+        u.serialized_wgmma |= line.contains("wgmma.mma_async instructions are serialized")
+            || line.contains("is injected in around line");
     }
     seen.then_some(u)
 }
@@ -316,6 +319,10 @@ mod tests {
                    ptxas info    : Used 168 registers, used 16 barriers";
         let u = usage(log).unwrap();
         assert!(u.serialized_wgmma && !u.spills() && u.degraded());
+        let log = "ptxas info    : (C7519) warpgroup.arrive is injected in around line 2265 by \
+                   compiler to allow use of registers in GMMA in function 'k'\n\
+                   ptxas info    : Used 168 registers, used 16 barriers";
+        assert!(usage(log).unwrap().degraded());
     }
 
     #[test]

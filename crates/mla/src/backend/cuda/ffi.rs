@@ -155,20 +155,33 @@ unsafe impl KernelParams for DecodeParams {}
 // offsets asserted in params.rs and the kernel); its tensor map covers the same cache as `d`.
 unsafe impl KernelParams for NarrowParams {}
 
-/// A 3-D tensor of 16-bit elements in global memory as the TMA unit reads it: `dims`
-/// (innermost first) with `strides` in bytes for dims 1 and 2 (multiples of 16), copied in
-/// boxes of `boxes` elements with the 128-byte swizzle (the innermost box is 64 elements,
-/// 128 bytes); parts of a box outside the tensor read as zeros.
+/// A 3-D tensor in global memory as the TMA unit reads it: `dims` (innermost first) with
+/// `strides` in bytes for dims 1 and 2 (multiples of 16), copied in boxes of `boxes`
+/// elements. 16-bit elements land with the 128-byte swizzle (the innermost box is 64
+/// elements, 128 bytes: the wgmma operand); bytes (fp8) land row-major. Parts of a box
+/// outside the tensor read as zeros.
 ///
 /// # Errors
 /// [`Error::Driver`] if the driver refuses the description.
-pub(crate) fn tensor_map_3d_u16(
+pub(crate) fn tensor_map_3d(
     base: u64,
+    element_bytes: usize,
     dims: [u64; 3],
     strides: [u64; 2],
     boxes: [u32; 3],
 ) -> Result<TensorMap> {
     use cudarc::driver::sys;
+    let (dtype, swizzle) = if element_bytes == 2 {
+        (
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+        )
+    } else {
+        (
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        )
+    };
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
     let element_strides = [1u32; 3];
     // SAFETY: every pointer is to a live local array of the rank's length (3 dims, 2
@@ -179,7 +192,7 @@ pub(crate) fn tensor_map_3d_u16(
     unsafe {
         sys::cuTensorMapEncodeTiled(
             map.as_mut_ptr(),
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            dtype,
             3,
             base as *mut c_void,
             dims.as_ptr(),
@@ -187,7 +200,7 @@ pub(crate) fn tensor_map_3d_u16(
             boxes.as_ptr(),
             element_strides.as_ptr(),
             sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            swizzle,
             sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )

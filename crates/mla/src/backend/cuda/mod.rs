@@ -458,17 +458,22 @@ impl CudaBackend {
     }
 }
 
-/// The cache as the narrow kernel's TMA copies read it: D elements of 16 bits a key,
+/// The cache as the narrow kernel's TMA copies read it: D elements (16 bits, or fp8 bytes) a key,
 /// `page_size` keys a page, `num_blocks` pages (the plan's strides, which `pointers` checked
 /// are multiples of 16 bytes), in boxes of 64 elements x min(page_size, 64) keys x 1 page.
 fn kv_map(plan: &DecodePlan, kv: u64) -> Result<TensorMap> {
     let d = plan.kv_lora_rank + plan.rope_dim;
     let u = |x: usize| x as u64;
     let rows = plan.kv.page_size.min(64) as u32;
-    ffi::tensor_map_3d_u16(
+    let elem = plan.kv_format.size();
+    ffi::tensor_map_3d(
         kv,
+        elem,
         [u(d), u(plan.kv.page_size), u(plan.kv.num_blocks)],
-        [u(plan.kv.token_stride * 2), u(plan.kv.page_stride * 2)],
+        [
+            u(plan.kv.token_stride * elem),
+            u(plan.kv.page_stride * elem),
+        ],
         [64, rows, 1],
     )
 }

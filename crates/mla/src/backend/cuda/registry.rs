@@ -104,8 +104,18 @@ pub const WGMMA_TILE: usize = splits::WGMMA_ROWS;
 /// ([`splits::WGMMA_MIN_ROWS`], where the split rule's model of the grids needs it too).
 pub const WGMMA_MIN_HEADS: usize = splits::WGMMA_MIN_ROWS;
 
-/// Bytes of one chunk of the narrow kernel's ring: 64 keys x 64 columns of 16 bits.
+/// Bytes of one chunk of a tile in the model dtype: 64 keys x 64 columns of 16 bits.
 const NARROW_CHUNK: usize = 8192;
+
+/// Bytes of a slot of the narrow kernel's ring: a chunk as it lands (fp8: raw, 1 byte an
+/// element).
+fn narrow_slot_bytes(kv: u8) -> usize {
+    if kv >= 2 {
+        NARROW_CHUNK / 2
+    } else {
+        NARROW_CHUNK
+    }
+}
 
 /// One compiled kernel: the family and its specialization.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -154,6 +164,7 @@ impl Variant {
             ]),
             Family::DecodeNarrow => d.extend([
                 format!("-DMLA_R={}", self.rope_dim),
+                format!("-DMLA_KV={}", self.kv),
                 format!("-DMLA_N={}", 16 * self.row_warps),
                 format!("-DMLA_SLOTS={}", self.stages),
             ]),
@@ -208,13 +219,20 @@ impl Variant {
                 return 1024 + tile + 2 * stage + converted + t * t * 2 + 2 * t * 8 + 3 * t * 4;
             }
             Family::DecodeNarrow => {
-                // 1024 bytes of alignment slack, the ring of 8 KB chunks, q (N x D), and for
-                // each of the two consumer warpgroups P^T (N x 64) and 4 x N column maxima;
-                // two mbarriers a slot.
+                // 1024 bytes of alignment slack, the ring of chunks (8 KB; fp8: 4 KB raw, and
+                // the tile converted to the model dtype beside it), q (N x D), and for each of
+                // the two consumer warpgroups P^T (N x 64) and 4 x N column maxima; two
+                // mbarriers a slot.
                 let n = 16 * self.row_warps;
                 let d = self.kv_lora_rank + self.rope_dim;
+                let converted = if self.kv >= 2 {
+                    d / 64 * NARROW_CHUNK
+                } else {
+                    0
+                };
                 return 1024
-                    + self.stages * NARROW_CHUNK
+                    + self.stages * narrow_slot_bytes(self.kv)
+                    + converted
                     + n * d * 2
                     + 2 * (n * 128 + 16 * n)
                     + 16 * self.stages;
@@ -327,16 +345,16 @@ pub fn wgmma_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> {
 }
 
 /// The narrow variant (few heads, [`splits::NARROW_ROWS`] rows a CTA), where it can run: an
-/// sm_90a device, a cache in the model dtype, L = 512, whole 64-column chunks, and room for a
-/// ring of at least two tiles (each of the two consumer warpgroups holds one); the ring
-/// takes all the shared memory the rest leaves.
+/// sm_90a device, a cache in the model dtype or fp8 (not the other 16-bit type), L = 512,
+/// whole 64-column chunks, and room for a ring of at least two tiles; the ring takes all the
+/// shared memory the rest leaves.
 pub fn narrow_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> {
     let d = shape.kv_lora_rank + shape.rope_dim;
     let base = shape.variant(Family::DecodeNarrow, splits::NARROW_ROWS / 16, 0);
     let fixed = base.smem_bytes();
-    let slots = smem_limit.saturating_sub(fixed) / (NARROW_CHUNK + 16);
+    let slots = smem_limit.saturating_sub(fixed) / (narrow_slot_bytes(base.kv) + 16);
     let applies =
-        base.kv == 0 && shape.kv_lora_rank == 512 && d.is_multiple_of(64) && slots >= 2 * d / 64;
+        base.kv != 1 && shape.kv_lora_rank == 512 && d.is_multiple_of(64) && slots >= 2 * d / 64;
     applies.then_some(Variant {
         stages: slots,
         ..base
@@ -688,9 +706,11 @@ mod tests {
             let (v, _) = choose(8, true, Auto).launch(8, 2, page);
             assert_eq!(v.family, n, "page {page}");
         }
-        // Neither does a cache not in the model dtype.
+        // Nor the other 16-bit type; fp8 caches convert on the way.
+        let f16 = Stage1::choose(8, bf16(KvFormat::F16), 232_448, true, Auto).unwrap();
+        assert_eq!(f16.launch(8, 2, 64).0.family, m);
         let fp8 = Stage1::choose(8, bf16(KvFormat::Fp8E4m3), 232_448, true, Auto).unwrap();
-        assert_eq!(fp8.launch(8, 2, 64).0.family, m);
+        assert_eq!(fp8.launch(8, 2, 64).0.family, n);
         // MLA_KERNEL=narrow: single tokens of up to 16 heads too; packing still comes first.
         use KernelChoice::Narrow;
         assert_eq!(launch(choose(16, true, Narrow), 16, 1), (n, false, 1));
@@ -756,7 +776,14 @@ mod tests {
         );
         // Only caches in the model dtype, and only where two tiles (18 slots) fit.
         assert!(narrow_variant(bf16(KvFormat::F16), 232_448).is_none());
-        assert!(narrow_variant(bf16(KvFormat::Fp8E4m3), 232_448).is_none());
+        // fp8: 32 raw slots of 4 KB, and the converted tile (9 x 8 KB).
+        let v = narrow_variant(bf16(KvFormat::Fp8E4m3), 232_448).unwrap();
+        assert_eq!(v.stages, 32);
+        assert_eq!(
+            v.smem_bytes(),
+            1024 + 32 * 4096 + 9 * 8192 + 18_432 + 2 * (2048 + 256) + 32 * 16
+        );
+        assert!(v.defines().contains(&"-DMLA_KV=2".to_string()));
         assert_eq!(
             narrow_variant(bf16(KvFormat::Bf16), 180_000)
                 .unwrap()
