@@ -11,6 +11,7 @@
  * told to expect have landed; waiters name the phase by its parity (0, 1, 0, ...).
  */
 #pragma once
+#include "common/keys.cuh"
 #include "params.cuh"
 
 /// The driver's opaque CUtensorMap (128 bytes, 64-byte aligned).
@@ -81,4 +82,83 @@ __device__ __forceinline__ void set_max_registers() {
 /// Waits at named barrier `id` (1 to 15; 0 is __syncthreads) for `threads` threads.
 __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+/// Keys of a tile read by TMA: wgmma's 64 rows. Tiles start at multiples of it, so a tile
+/// never straddles a page of 64 keys or more, and pages of 8, 16 or 32 keys fill it whole.
+constexpr int TMA_TILE = 64;
+
+/// Most boxes a tile is copied in: pages of 8 keys.
+constexpr int MAX_BOXES = TMA_TILE / 8;
+
+/// How a 64-key tile is copied: in `count` boxes of `box` keys, a box being one page's piece
+/// (min(page_size, TMA_TILE) keys).
+struct TileBoxes {
+    int box, count;
+    __device__ explicit TileBoxes(int page_size) : box(min(page_size, TMA_TILE)), count(TMA_TILE / box) {}
+};
+
+/// One lane's read of the block table for box `lane` of a tile, started now and used later:
+/// the issuing warp starts tile t + 1's reads before it issues tile t and takes their values
+/// after, so the read's latency hides behind the issue (an issuing thread has about 500
+/// cycles a chunk at the H200's bandwidth an SM; a read it waits on costs more than that).
+struct BoxLookup {
+    const int* at = nullptr;  // the entry, or nullptr: no box, or none of the keys in it
+    int entry = 0;
+
+    /// Starts the read of box `lane` of the tile from `first` (a multiple of TMA_TILE); none
+    /// when the box holds none of `keys` or lies past the block table. A page wholly before
+    /// the keys is never looked up (its entry may be stale).
+    __device__ void start(const DecodeParams& p, int req, int first, const TileBoxes& boxes, const KeyRange& keys,
+                          int lane) {
+        const int pos = max(first + lane * boxes.box, keys.start);
+        at = nullptr;
+        if (lane < boxes.count && pos < keys.end && first + (lane + 1) * boxes.box > keys.start) {
+            const int page = pos / p.page_size;
+            if (page < p.max_blocks) at = p.block_table + req * p.block_table_stride + page;
+        }
+        entry = at != nullptr ? *at : 0;
+    }
+
+    /// The box's block coordinate: -1 (the TMA unit fills the box with zeros) for no entry,
+    /// and for a block id outside the cache, which raises the error flag instead of being read.
+    __device__ int block(const DecodeParams& p) const {
+        if (at == nullptr) return -1;
+        if (entry < 0 || entry >= p.num_blocks) {
+            raise_error(p, MLA_ERR_BAD_BLOCK);
+            return -1;
+        }
+        return entry;
+    }
+};
+
+/// A tile's block coordinates, box by box (static indices: registers), and the slot of its
+/// first key in a page of 64 keys or more.
+struct TileBlocks {
+    int block[MAX_BOXES];
+    int slot_in_page;
+};
+
+/// The whole warp: the tile from `first`'s block coordinates gathered from the lanes' lookups
+/// (lane b: box b).
+__device__ __forceinline__ TileBlocks gather_blocks(const DecodeParams& p, const BoxLookup& mine, int first,
+                                                    const TileBoxes& boxes) {
+    TileBlocks t;
+    const int block = mine.block(p);
+#pragma unroll
+    for (int b = 0; b < MAX_BOXES; ++b) t.block[b] = __shfl_sync(0xffffffffu, block, b);
+    t.slot_in_page = boxes.count == 1 ? first % p.page_size : 0;
+    return t;
+}
+
+/// One thread: the copies of 64-column chunk `c` of a tile into `dst` (ROW_BYTES a key: 128
+/// for a 16-bit cache, landing as the swizzled wgmma operand, 1024-byte aligned; 64 for fp8,
+/// row-major), completing on `bar`, which the caller armed with the chunk's bytes.
+template <int ROW_BYTES>
+__device__ __forceinline__ void copy_chunk(const TensorMap* map, const TileBlocks& t, const TileBoxes& boxes, u32 dst,
+                                           u32 bar, int c) {
+#pragma unroll
+    for (int b = 0; b < MAX_BOXES; ++b) {
+        if (b < boxes.count) tma_load_3d(dst + b * boxes.box * ROW_BYTES, map, bar, c * 64, t.slot_in_page, t.block[b]);
+    }
 }

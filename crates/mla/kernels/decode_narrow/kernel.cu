@@ -75,7 +75,7 @@ constexpr int L = MLA_L;
 constexpr int D = L + MLA_R;
 constexpr int N = MLA_N;                 // columns: query rows of the CTA
 constexpr int SLOTS = MLA_SLOTS;         // chunk slots in the ring
-constexpr int BN = 64;                   // keys per tile: wgmma's M
+constexpr int BN = TMA_TILE;             // keys per tile: wgmma's M
 constexpr int CHUNKS = D / 64;           // 64-column chunks of a key row
 constexpr int V_CHUNKS = L / 64;         // the value part
 constexpr int CHUNK_BYTES = BN * 128;    // one chunk of a tile in the model dtype, swizzled
@@ -144,69 +144,31 @@ struct Cols {
     __device__ bool real(int c) const { return nth(c) < tokens; }
 };
 
-/// Lane b's box of the tile of keys from `first` (`box` keys of one page): its entry in the
-/// block table, or nullptr when the box holds none of the split's keys or lies past the
-/// table (it is filled with zeros). A page wholly before the split's keys is never looked up
-/// (its entry may be stale).
-__device__ __forceinline__ const int* box_entry(const DecodeParams& p, int req, int first, int box, int boxes,
-                                                const KeyRange& keys, int lane) {
-    const int pos = max(first + lane * box, keys.start);
-    if (lane >= boxes || pos >= keys.end || first + (lane + 1) * box <= keys.start) return nullptr;
-    const int page = pos / p.page_size;
-    return page < p.max_blocks ? p.block_table + req * p.block_table_stride + page : nullptr;
-}
-
-/// The box's block coordinate from its looked-up table entry: -1 (zeros) for no entry, and
-/// for a block id outside the cache, which raises the error flag instead of being read.
-__device__ __forceinline__ int box_block(const DecodeParams& p, bool looked_up, int entry) {
-    if (!looked_up) return -1;
-    if (entry < 0 || entry >= p.num_blocks) {
-        raise_error(p, MLA_ERR_BAD_BLOCK);
-        return -1;
-    }
-    return entry;
-}
-
-/// Most boxes a tile takes: pages of 8 keys.
-constexpr int MAX_BOXES = BN / 8;
-
-/// The producer warp. Each 8 KB chunk must be issued in less time than the consumers take to
-/// eat one (about 500 cycles at the H200's bandwidth an SM), so lane 0 alone walks the chunks
-/// with nothing but the slot's wait, its byte count and the copies, and the table entries of
-/// tile t + 1 are loaded by the whole warp (lane b: box b) before lane 0 issues tile t, and
-/// only read after: the load's latency hides behind the issue instead of stalling it.
+/// The producer warp. Each chunk must be issued in less time than the consumers take to eat
+/// one (about 500 cycles at the H200's bandwidth an SM; NOTES.md: a producer slower than that
+/// cost 1.55x), so lane 0 alone walks the chunks with nothing but the slot's wait, its byte
+/// count and the copies, and the warp reads tile t + 1's block ids while lane 0 issues tile t.
 __device__ __forceinline__ void produce(const NarrowParams& np, const Smem& sm, int req, int first0, int tiles,
                                         const KeyRange& keys) {
     const DecodeParams& p = np.d;
     const int lane = threadIdx.x % 32;
-    const int box = min(p.page_size, BN);  // slots a box covers
-    const int boxes = BN / box;            // boxes per chunk (pages of fewer than 64 keys)
+    const TileBoxes boxes(p.page_size);
     const u32 full = smem_addr(sm.full()), empty = smem_addr(sm.empty()), ring = smem_addr(sm.slot(0));
-    const int* at = box_entry(p, req, first0, box, boxes, keys, lane);
-    int entry = at != nullptr ? *at : 0;
+    BoxLookup next;
+    next.start(p, req, first0, boxes, keys, lane);
     int s = 0;
     u32 phase = 0;        // of slot s's current use; its previous use completed phase ^ 1 of "empty"
     bool reused = false;  // whether the ring has wrapped (slot s was used before)
     for (int t = 0; t < tiles; ++t) {
         const int first = first0 + t * BN;
-        const int mine = box_block(p, at != nullptr, entry);
-        int blocks[MAX_BOXES];  // tile t's, for lane 0 (static indices: registers)
-#pragma unroll
-        for (int b = 0; b < MAX_BOXES; ++b) blocks[b] = __shfl_sync(0xffffffffu, mine, b);
-        at = t + 1 < tiles ? box_entry(p, req, first + BN, box, boxes, keys, lane) : nullptr;
-        entry = at != nullptr ? *at : 0;
+        const TileBlocks blocks = gather_blocks(p, next, first, boxes);
+        next = BoxLookup{};
+        if (t + 1 < tiles) next.start(p, req, first + BN, boxes, keys, lane);
         if (lane == 0) {
-            const int slot_in_page = boxes == 1 ? first % p.page_size : 0;
             for (int c = 0; c < CHUNKS; ++c) {
                 if (reused) mbar_wait(empty + 8 * s, phase ^ 1);
                 mbar_expect_bytes(full + 8 * s, RAW_BYTES);
-                const u32 dst = ring + s * RAW_BYTES;
-#pragma unroll
-                for (int b = 0; b < MAX_BOXES; ++b) {
-                    if (b < boxes) {
-                        tma_load_3d(dst + b * box * RAW_ROW, &np.kv_map, full + 8 * s, c * 64, slot_in_page, blocks[b]);
-                    }
-                }
+                copy_chunk<RAW_ROW>(&np.kv_map, blocks, boxes, ring + s * RAW_BYTES, full + 8 * s, c);
                 if (++s == SLOTS) {
                     s = 0;
                     phase ^= 1;
