@@ -14,26 +14,39 @@
 /// entry stays distinguishable from it.
 constexpr i64 NO_KEY = -(1ll << 40);
 
-/// The block id of key `pos` of request `req`; NO_KEY when the key is past `end` or its page
-/// lies outside the block table (the row-level check raised the flag). The kernels issue
-/// this a tile or two ahead of its use, so the load's latency hides behind work.
-__device__ __forceinline__ i64 block_of(const DecodeParams& p, int req, int pos, int end) {
-    if (pos >= end) return NO_KEY;
+/// Whether key `pos` of request `req` has an entry in the block table, and where (`at`): not
+/// when the key is past `end` or its page lies outside the table (the row-level check raised
+/// the flag). Apart from the load, so that a kernel can start the load and use it later.
+__device__ __forceinline__ bool table_entry(const DecodeParams& p, int req, int pos, int end, i64& at) {
+    if (pos >= end) return false;
     const int page = pos / p.page_size;
-    if (page >= p.max_blocks) return NO_KEY;
-    return p.block_table[req * p.block_table_stride + page];
+    if (page >= p.max_blocks) return false;
+    at = req * p.block_table_stride + page;
+    return true;
+}
+
+/// The block id of key `pos` of request `req`; NO_KEY where it has no table entry. The
+/// kernels issue this a tile or two ahead of its use, so the load's latency hides behind work.
+__device__ __forceinline__ i64 block_of(const DecodeParams& p, int req, int pos, int end) {
+    i64 at;
+    return table_entry(p, req, pos, end, at) ? p.block_table[at] : NO_KEY;
+}
+
+/// Whether `block` (a table entry, not NO_KEY) lies outside the cache: then it raises the
+/// error flag, and its page is never read.
+__device__ __forceinline__ bool bad_block(const DecodeParams& p, i64 block) {
+    if (block < 0 || block >= p.num_blocks) {
+        raise_error(p, MLA_ERR_BAD_BLOCK);
+        return true;
+    }
+    return false;
 }
 
 /// The byte offset of key `pos` in the cache (ELEM bytes an element), or -1 (never read; the
-/// kernels zero-fill it) when there is no such key or its block id is outside the cache,
-/// which raises the error flag.
+/// kernels zero-fill it) when there is no such key or its block id is outside the cache.
 template <int ELEM>
 __device__ __forceinline__ i64 key_offset(const DecodeParams& p, int pos, i64 block) {
-    if (block == NO_KEY) return -1;
-    if (block < 0 || block >= p.num_blocks) {
-        raise_error(p, MLA_ERR_BAD_BLOCK);
-        return -1;
-    }
+    if (block == NO_KEY || bad_block(p, block)) return -1;
     const int slot = pos - (pos / p.page_size) * p.page_size;
     return (block * p.page_stride + (i64)slot * p.token_stride) * ELEM;
 }

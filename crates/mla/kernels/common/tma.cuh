@@ -51,21 +51,11 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
 /// `dst`, completing `bytes` (the box's size, zero-filled where it lies outside the tensor,
 /// negative coordinates included) on the mbarrier `bar`.
 __device__ __forceinline__ void tma_load_3d(u32 dst, const TensorMap* map, u32 bar, int x, int y, int z) {
-#ifdef MLA_EXP_EVICT_FIRST
-    u64 policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
-        "[%1, {%2, %3, %4}], [%5], %6;" ::"r"(dst),
-        "l"((u64)map), "r"(x), "r"(y), "r"(z), "r"(bar), "l"(policy)
-        : "memory");
-#else
     asm volatile(
         "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
         "%4}], [%5];" ::"r"(dst),
         "l"((u64)map), "r"(x), "r"(y), "r"(z), "r"(bar)
         : "memory");
-#endif
 }
 
 /// Raises (INC) or lowers this warpgroup's registers a thread to REGS (a multiple of 8, 24 to
@@ -111,24 +101,17 @@ struct BoxLookup {
     /// the keys is never looked up (its entry may be stale).
     __device__ void start(const DecodeParams& p, int req, int first, const TileBoxes& boxes, const KeyRange& keys,
                           int lane) {
-        const int pos = max(first + lane * boxes.box, keys.start);
-        at = nullptr;
-        if (lane < boxes.count && pos < keys.end && first + (lane + 1) * boxes.box > keys.start) {
-            const int page = pos / p.page_size;
-            if (page < p.max_blocks) at = p.block_table + req * p.block_table_stride + page;
-        }
+        i64 i;
+        const bool some = lane < boxes.count && first + (lane + 1) * boxes.box > keys.start &&
+                          table_entry(p, req, max(first + lane * boxes.box, keys.start), keys.end, i);
+        at = some ? p.block_table + i : nullptr;
         entry = at != nullptr ? *at : 0;
     }
 
     /// The box's block coordinate: -1 (the TMA unit fills the box with zeros) for no entry,
-    /// and for a block id outside the cache, which raises the error flag instead of being read.
+    /// and for a block id outside the cache (bad_block raises the error flag).
     __device__ int block(const DecodeParams& p) const {
-        if (at == nullptr) return -1;
-        if (entry < 0 || entry >= p.num_blocks) {
-            raise_error(p, MLA_ERR_BAD_BLOCK);
-            return -1;
-        }
-        return entry;
+        return at == nullptr || bad_block(p, entry) ? -1 : entry;
     }
 };
 
