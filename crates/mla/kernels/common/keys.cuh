@@ -1,6 +1,7 @@
 /**
  * @file keys.cuh
- * @brief Where a key lives and what a row with no keys writes, shared by the stage-1 kernels:
+ * @brief Where a key lives, where a row's results go and what a row with no keys writes,
+ * shared by the stage-1 kernels:
  * the block-table lookup with the contract's bounds checks (docs/contract.md, "Errors": a
  * block id outside the cache or a length beyond the block table is never read and raises the
  * device flag), and the empty-row output.
@@ -49,6 +50,36 @@ __device__ __forceinline__ i64 key_offset(const DecodeParams& p, int pos, i64 bl
     if (block == NO_KEY || bad_block(p, block)) return -1;
     const int slot = pos - (pos / p.page_size) * p.page_size;
     return (block * p.page_stride + (i64)slot * p.token_stride) * ELEM;
+}
+
+/// The workspace slot of this CTA's split (blockIdx.y) of row `row`, head `head`.
+__device__ __forceinline__ i64 split_slot(const DecodeParams& p, int row, int head) {
+    return ((i64)row * p.num_kv_splits + blockIdx.y) * p.heads + head;
+}
+
+/// Output pairs i = 0 .. PAIRS - 1 of row `row`, head `head`, at latent columns col0 +
+/// STRIDE i, valued value(i, 0) and value(i, 1): rounded into o with one split, else the
+/// split's normalized partial (f32, workspace).
+template <bool BF16, int L, int PAIRS, int STRIDE, typename Value>
+__device__ __forceinline__ void store_pairs(const DecodeParams& p, int row, int head, int col0, Value value) {
+    if (p.num_kv_splits == 1) {
+        u16* o = (u16*)p.o + row * p.o_row + head * p.o_head + col0;
+#pragma unroll
+        for (int i = 0; i < PAIRS; ++i) *(u32*)(o + STRIDE * i) = pack2<BF16>(value(i, 0), value(i, 1));
+    } else {
+        float* w = p.part_o + split_slot(p, row, head) * L + col0;
+#pragma unroll
+        for (int i = 0; i < PAIRS; ++i) *(f32x2*)(w + STRIDE * i) = f32x2{value(i, 0), value(i, 1)};
+    }
+}
+
+/// The LSE (natural log) of row `row`, head `head`: to lse with one split, else the split's.
+__device__ __forceinline__ void store_lse(const DecodeParams& p, int row, int head, float lse) {
+    if (p.num_kv_splits == 1) {
+        p.lse[row * p.lse_row + head] = lse;
+    } else {
+        p.part_lse[split_slot(p, row, head)] = lse;
+    }
 }
 
 /// A row whose keys all fall outside its (single) split: o = 0 and lse = -inf for heads

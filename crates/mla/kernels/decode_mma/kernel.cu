@@ -348,26 +348,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decod
         inv[h] = 1.0f / sum;
         lse[h] = (m[h] + log2_approx(sum)) * LN2;
     }
-    const i64 at = ((i64)row * splits + blockIdx.y) * p.heads;  // workspace row of this split
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int head = head0 + rg * 16 + g + 8 * h;
         if (head >= p.heads) continue;
         const int col0 = wc * COLS_W + 2 * c;
-        if (splits == 1) {
-            u16* out = (u16*)p.o + row * p.o_row + head * p.o_head + col0;
-#pragma unroll
-            for (int i = 0; i < NT_O; ++i) {
-                *(u32*)(out + i * 8) = pack2<BF16>(o[i][2 * h] * inv[h], o[i][2 * h + 1] * inv[h]);
-            }
-            if (wc == 0 && c == 0) p.lse[row * p.lse_row + head] = lse[h];
-        } else {
-            float* out = p.part_o + (at + head) * L + col0;
-#pragma unroll
-            for (int i = 0; i < NT_O; ++i) {
-                *(f32x2*)(out + i * 8) = {o[i][2 * h] * inv[h], o[i][2 * h + 1] * inv[h]};
-            }
-            if (wc == 0 && c == 0) p.part_lse[at + head] = lse[h];
-        }
+        store_pairs<BF16, L, NT_O, 8>(p, row, head, col0, [&](int i, int e) { return o[i][2 * h + e] * inv[h]; });
+        if (wc == 0 && c == 0) store_lse(p, row, head, lse[h]);
     }
 }

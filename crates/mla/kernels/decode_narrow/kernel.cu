@@ -510,18 +510,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
         // skips the split, whose range it finds empty too).
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
         const f32x4 v = *(const f32x4*)(out + c * LP + col);
-        const float o0 = v.x * inv, o1 = v.y * inv, o2 = v.z * inv, o3 = v.w * inv;
-        const float lse = (sm.maxima(wg)[c] + log2_approx(sum)) * LN2;
+        const float o[4] = {v.x * inv, v.y * inv, v.z * inv, v.w * inv};
         const int row = cols.row(c), head = cols.head(c), at_col = HALF * wg + col;
-        if (splits == 1) {
-            u16* o = (u16*)p.o + row * p.o_row + head * p.o_head + at_col;
-            *(u32*)o = pack2<BF16>(o0, o1);
-            *(u32*)(o + 2) = pack2<BF16>(o2, o3);
-            if (at_col == 0) p.lse[row * p.lse_row + head] = lse;
-        } else {
-            const i64 at = ((i64)row * splits + blockIdx.y) * p.heads + head;
-            *(f32x4*)(p.part_o + at * L + at_col) = f32x4{o0, o1, o2, o3};
-            if (at_col == 0) p.part_lse[at] = lse;
-        }
+        store_pairs<BF16, L, 2, 2>(p, row, head, at_col, [&](int i, int e) { return o[2 * i + e]; });
+        if (at_col == 0) store_lse(p, row, head, (sm.maxima(wg)[c] + log2_approx(sum)) * LN2);
     }
 }

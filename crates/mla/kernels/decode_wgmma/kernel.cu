@@ -423,22 +423,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
         const int r = r0 + 8 * h;
         if (!rows.real(r, p)) continue;
         const int row = rows.row(r), head = rows.head(r);
-        const i64 at = ((i64)row * splits + blockIdx.y) * p.heads;
         const int col0 = wg * COLS + 2 * (lane % 4);
-        if (splits == 1) {
-            u16* out = (u16*)p.o + row * p.o_row + head * p.o_head + col0;
-#pragma unroll
-            for (int j = 0; j < COLS / 8; ++j) {
-                *(u32*)(out + 8 * j) = pack2<BF16>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
-            }
-            if (wg == 0 && lane % 4 == 0) p.lse[row * p.lse_row + head] = lse[h];
-        } else {
-            float* out = p.part_o + (at + head) * L + col0;
-#pragma unroll
-            for (int j = 0; j < COLS / 8; ++j) {
-                *(f32x2*)(out + 8 * j) = {o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]};
-            }
-            if (wg == 0 && lane % 4 == 0) p.part_lse[at + head] = lse[h];
-        }
+        store_pairs<BF16, L, COLS / 8, 8>(p, row, head, col0, [&](int j, int e) { return o[4 * j + 2 * h + e] * inv[h]; });
+        if (wg == 0 && lane % 4 == 0) store_lse(p, row, head, lse[h]);
     }
 }
