@@ -16,6 +16,7 @@ pub mod compile;
 pub(crate) mod ffi;
 mod params;
 pub mod registry;
+mod tma;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,7 +26,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStrea
 use cudarc::nvrtc::Ptx;
 
 use self::compile::{Built, Target};
-use self::params::{DecodeParams, NarrowParams, Pointers, TensorMap};
+use self::params::{DecodeParams, NarrowParams, Pointers};
 use self::registry::Variant;
 use crate::args::{DecodeInputs, DecodeOutputs, Query};
 use crate::config::{DeviceInfo, ValidConfig};
@@ -57,6 +58,8 @@ pub struct CudaBackend {
     builds: Vec<Built>,
     workspace: Option<CudaSlice<u8>>,
     error_flag: CudaSlice<u32>,
+    /// The narrow kernel's tensor map of the cache, encoded once per cache.
+    kv_maps: tma::MapCache,
 }
 
 impl CudaBackend {
@@ -110,6 +113,7 @@ impl CudaBackend {
             builds: Vec::new(),
             workspace: None,
             error_flag,
+            kv_maps: tma::MapCache::default(),
         };
         Ok((backend, info))
     }
@@ -433,7 +437,9 @@ impl CudaBackend {
         if decode.takes_tensor_map() {
             let narrow = NarrowParams {
                 d: params,
-                kv_map: kv_map(plan, ptr.kv)?,
+                kv_map: self
+                    .kv_maps
+                    .get(tma::MapShape::kv_cache(plan, ptr.kv), tma::MapShape::encode)?,
             };
             ffi::launch(&self.stream, &f, grid, block, smem as u32, &narrow)?;
         } else {
@@ -456,26 +462,6 @@ impl CudaBackend {
             .as_ref()
             .map_or(0, |w| address(w, &self.stream))
     }
-}
-
-/// The cache as the narrow kernel's TMA copies read it: D elements (16 bits, or fp8 bytes) a key,
-/// `page_size` keys a page, `num_blocks` pages (the plan's strides, which `pointers` checked
-/// are multiples of 16 bytes), in boxes of 64 elements x min(page_size, 64) keys x 1 page.
-fn kv_map(plan: &DecodePlan, kv: u64) -> Result<TensorMap> {
-    let d = plan.kv_lora_rank + plan.rope_dim;
-    let u = |x: usize| x as u64;
-    let rows = plan.kv.page_size.min(64) as u32;
-    let elem = plan.kv_format.size();
-    ffi::tensor_map_3d(
-        kv,
-        elem,
-        [u(d), u(plan.kv.page_size), u(plan.kv.num_blocks)],
-        [
-            u(plan.kv.token_stride * elem),
-            u(plan.kv.page_stride * elem),
-        ],
-        [64, rows, 1],
-    )
 }
 
 /// Loads a cubin into `ctx`. A cubin from the disk cache that the driver refuses (a damaged

@@ -111,7 +111,7 @@ impl DecodeParams {
 }
 
 /// The driver's tensor map of the cache (`CUtensorMap`: 128 opaque bytes, 64-byte aligned),
-/// built by [`super::tma::kv_map`].
+/// built by `tma::MapShape::encode`.
 #[repr(C, align(64))]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TensorMap(pub [u64; 16]);
