@@ -107,16 +107,6 @@ pub const WGMMA_MIN_HEADS: usize = splits::WGMMA_MIN_ROWS;
 /// Bytes of one chunk of a tile in the model dtype: 64 keys x 64 columns of 16 bits.
 const NARROW_CHUNK: usize = 8192;
 
-/// Bytes of a slot of the narrow kernel's ring: a chunk as it lands (fp8: raw, 1 byte an
-/// element).
-fn narrow_slot_bytes(kv: u8) -> usize {
-    if kv >= 2 {
-        NARROW_CHUNK / 2
-    } else {
-        NARROW_CHUNK
-    }
-}
-
 /// One compiled kernel: the family and its specialization.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Variant {
@@ -183,6 +173,12 @@ impl Variant {
         }
     }
 
+    /// Whether the cache is fp8 (e4m3 or e5m2): the stage-1 kernels stage its raw bytes and
+    /// convert them into a tile of the model dtype.
+    pub fn fp8(&self) -> bool {
+        self.kv >= 2
+    }
+
     /// Whether the kernel takes the cache's tensor map beside the parameters (it copies the
     /// keys by TMA).
     pub fn takes_tensor_map(&self) -> bool {
@@ -211,11 +207,7 @@ impl Variant {
                 let t = WGMMA_TILE;
                 let d = self.kv_lora_rank + self.rope_dim;
                 let tile = t * d * 2;
-                let (stage, converted) = if self.kv >= 2 {
-                    (t * d, tile)
-                } else {
-                    (tile, 0)
-                };
+                let (stage, converted) = if self.fp8() { (t * d, tile) } else { (tile, 0) };
                 return 1024 + tile + 2 * stage + converted + t * t * 2 + 2 * t * 8 + 3 * t * 4;
             }
             Family::DecodeNarrow => {
@@ -225,13 +217,14 @@ impl Variant {
                 // mbarriers a slot.
                 let n = 16 * self.row_warps;
                 let d = self.kv_lora_rank + self.rope_dim;
-                let converted = if self.kv >= 2 {
-                    d / 64 * NARROW_CHUNK
+                // A slot holds a chunk as it lands (fp8: raw, 1 byte an element).
+                let (slot, converted) = if self.fp8() {
+                    (NARROW_CHUNK / 2, d / 64 * NARROW_CHUNK)
                 } else {
-                    0
+                    (NARROW_CHUNK, 0)
                 };
                 return 1024
-                    + self.stages * narrow_slot_bytes(self.kv)
+                    + self.stages * slot
                     + converted
                     + n * d * 2
                     + 2 * (n * 128 + 16 * n)
@@ -242,7 +235,7 @@ impl Variant {
         let (rows, bn) = (16 * self.row_warps, BLOCK_N);
         let d = self.kv_lora_rank + self.rope_dim;
         let dp = d + 8;
-        let fp8 = self.kv >= 2; // fp8 stages raw bytes and converts into a tile of its own
+        let fp8 = self.fp8(); // fp8 stages raw bytes and converts into a tile of its own
         let stage_row = if fp8 { d } else { dp * 2 };
         let q = rows * dp * 2;
         let stages = self.stages * bn * stage_row;
@@ -352,7 +345,9 @@ pub fn narrow_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> 
     let d = shape.kv_lora_rank + shape.rope_dim;
     let base = shape.variant(Family::DecodeNarrow, splits::NARROW_ROWS / 16, 0);
     let fixed = base.smem_bytes();
-    let slots = smem_limit.saturating_sub(fixed) / (narrow_slot_bytes(base.kv) + 16);
+    // A slot's bytes and mbarriers, from the one layout formula (smem_bytes).
+    let per_slot = Variant { stages: 1, ..base }.smem_bytes() - fixed;
+    let slots = smem_limit.saturating_sub(fixed) / per_slot;
     let applies =
         base.kv != 1 && shape.kv_lora_rank == 512 && d.is_multiple_of(64) && slots >= 2 * d / 64;
     applies.then_some(Variant {
