@@ -32,7 +32,9 @@
  * (half the bytes) into a swizzled tile of its own; one more barrier a tile.
  *
  * Kernel-development switches (MLA_EXTRA_DEFINES, never in a shipped build): MLA_EXP_NO_S,
- * MLA_EXP_NO_PV, MLA_EXP_NO_LOAD drop a stage to time the rest (results are wrong).
+ * MLA_EXP_NO_PV, MLA_EXP_NO_LOAD drop a stage to time the rest (results are wrong);
+ * MLA_EXP_L2_LOAD copies every tile but always from the first two tiles' pages (the bytes
+ * come from L2, not DRAM: what the copies cost apart from DRAM).
  *
  * Compile-time configuration (-D):
  *   MLA_L, MLA_R   latent and rotary widths (L = 512: two warpgroups of 256 columns;
@@ -391,7 +393,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
 
         pv_step(o, sm, r0, p_addr, k_addr, wg);
         // Tile t + 2's offsets go where tile t's were; the next iteration's barrier publishes them.
+#ifndef MLA_EXP_L2_LOAD
         if (lt >= 0 && lt < BN) sm.offsets(st)[lt] = key_offset<KV_ELEM>(p, ahead, next_block);
+#endif
     }
 
 
