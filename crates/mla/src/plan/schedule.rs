@@ -20,6 +20,8 @@
 
 use std::ops::Range;
 
+use super::extents::{Mask, key_range};
+
 /// Keys of a block: the schedule's unit of work (the kernels' tile).
 pub const BLOCK: usize = 64;
 
@@ -183,6 +185,49 @@ impl Schedule {
     }
 }
 
+/// The jobs of a decode, as the device's scheduler numbers them: job (request x token_blocks
+/// + token_block) x head_blocks + head_block, over the union of its tokens' keys.
+#[derive(Debug, Clone)]
+pub struct Jobs<'a> {
+    /// KV length of each request (a negative one counts as 0).
+    pub seq_lens: &'a [i32],
+    /// Query tokens a request.
+    pub query_len: usize,
+    /// How the tokens see each other.
+    pub mask: Mask,
+    /// Sliding window, if any.
+    pub window: Option<usize>,
+    /// Tokens of a request a job takes.
+    pub tokens_per_cta: usize,
+    /// Jobs a token block takes (one per block of heads).
+    pub head_blocks: usize,
+}
+
+impl Jobs<'_> {
+    /// Each job's blocks ([`job_blocks`] of the union of its tokens' keys).
+    pub fn blocks(&self) -> Vec<usize> {
+        let q = self.query_len.max(1);
+        let pack = self.tokens_per_cta.clamp(1, q);
+        let mut out = Vec::new();
+        for &len in self.seq_lens {
+            let len = len.max(0) as usize;
+            for tok0 in (0..q).step_by(pack) {
+                let (mut start, mut end) = (usize::MAX, 0);
+                for t in tok0..(tok0 + pack).min(q) {
+                    let k = key_range(len, t, q, self.mask, self.window);
+                    if k.start < k.end {
+                        start = start.min(k.start);
+                        end = end.max(k.end);
+                    }
+                }
+                let b = job_blocks(start, end);
+                out.extend(std::iter::repeat_n(b, self.head_blocks));
+            }
+        }
+        out
+    }
+}
+
 /// Blocks of a job over keys `[start, end)`: the blocks of [`BLOCK`] keys it touches, block
 /// boundaries at multiples of [`BLOCK`] (as the TMA tiles are).
 pub fn job_blocks(start: usize, end: usize) -> usize {
@@ -270,6 +315,30 @@ mod tests {
             // Each cut adds one split: at most one per CTA boundary.
             prop_assert!(s.slots() < blocks.len() + ctas);
         }
+    }
+
+    #[test]
+    fn jobs_take_the_union_of_their_tokens_keys() {
+        // Two requests of 4 causal tokens, two tokens a job, two head blocks: request 0
+        // (200 keys) token block 0 sees [0, 198), block 1 [0, 200): 4 blocks each; request 1
+        // (a negative length) has no keys.
+        let jobs = Jobs {
+            seq_lens: &[200, -5],
+            query_len: 4,
+            mask: Mask::Causal,
+            window: None,
+            tokens_per_cta: 2,
+            head_blocks: 2,
+        };
+        assert_eq!(jobs.blocks(), vec![4, 4, 4, 4, 0, 0, 0, 0]);
+        let windowed = Jobs {
+            window: Some(100),
+            tokens_per_cta: 1,
+            head_blocks: 1,
+            ..jobs
+        };
+        // Token t ends at 197 + t: [97, 197) .. [100, 200).
+        assert_eq!(windowed.blocks(), vec![3, 3, 3, 3, 0, 0, 0, 0]);
     }
 
     #[test]
