@@ -21,7 +21,7 @@ cp target/release/mla "$out/mla"
 cargo test --release -p mla --features nccl --tests --no-run --message-format=json 2>/dev/null |
   python3 -c '
 import json, sys, shutil
-want = {"cuda_contract", "cuda_runtime", "cuda_sanitize", "dcp_gpu"}
+want = {"cuda_contract", "cuda_runtime", "cuda_sanitize", "cuda_schedule", "dcp_gpu"}
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want:

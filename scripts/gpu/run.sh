@@ -57,7 +57,7 @@ run_test() {
 }
 try_failed=0
 if has tests; then
-  for t in cuda_contract cuda_runtime cuda_sanitize; do run_test $t ""; done
+  for t in cuda_contract cuda_runtime cuda_sanitize cuda_schedule; do run_test $t ""; done
   for k in wgmma mma narrow; do
     for t in cuda_contract cuda_runtime; do run_test $t $k; done
   done

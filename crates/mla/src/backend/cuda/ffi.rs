@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaStream};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
-use super::params::{DecodeParams, NarrowParams, TensorMap};
+use super::params::{DecodeParams, NarrowParams, ScheduleParams, TensorMap};
 use crate::error::{Error, Result};
 
 /// Whether libnvrtc can be loaded (cudarc panics on first use otherwise). Enough to compile.
@@ -154,6 +154,10 @@ unsafe impl KernelParams for DecodeParams {}
 // SAFETY: the mirror of `struct NarrowParams` in kernels/decode_narrow/kernel.cu (size and
 // offsets asserted in params.rs and the kernel); its tensor map covers the same cache as `d`.
 unsafe impl KernelParams for NarrowParams {}
+// SAFETY: the mirror of `struct ScheduleParams` in kernels/schedule/kernel.cu (size and
+// offsets asserted in params.rs and the kernel); its output pointers are device buffers of
+// the lengths the kernel writes (`CudaBackend::schedule`).
+unsafe impl KernelParams for ScheduleParams {}
 
 /// A 3-D tensor in global memory as the TMA unit reads it: `dims` (innermost first) with
 /// `strides` in bytes for dims 1 and 2 (multiples of 16), copied in boxes of `boxes`

@@ -16,6 +16,7 @@ pub mod compile;
 pub(crate) mod ffi;
 mod params;
 pub mod registry;
+mod schedule;
 mod tma;
 
 use std::collections::HashMap;

@@ -126,6 +126,27 @@ pub struct NarrowParams {
     pub kv_map: TensorMap,
 }
 
+/// The argument of the scheduler kernel (`struct ScheduleParams` in
+/// `kernels/schedule/kernel.cu`): the decode's parameters (lengths, query length, mask,
+/// window, tokens a CTA), the schedule's shape and where its outputs go (i32 arrays).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ScheduleParams {
+    pub d: DecodeParams,
+    pub head_blocks: i32,
+    pub ctas: i32,
+    pub segment_cost: i32,
+    pub min_blocks: i32,
+    pub jobs: i32,
+    pub pad: i32,
+    pub line: u64,
+    pub begin: u64,
+    pub first_cta: u64,
+    pub splits: u64,
+    pub first_slot: u64,
+    pub share: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use std::mem::{offset_of, size_of};
@@ -143,6 +164,15 @@ mod tests {
         assert_eq!(offset_of!(DecodeParams, k_scale), 200);
         assert_eq!(offset_of!(DecodeParams, tokens_per_cta), 204);
         assert_eq!(offset_of!(DecodeParams, k_scale_ptr), 208);
+    }
+
+    #[test]
+    fn schedule_layout_matches_the_kernel() {
+        // static_assert(sizeof(ScheduleParams) == 288) in kernels/schedule/kernel.cu.
+        assert_eq!(size_of::<ScheduleParams>(), 288);
+        assert_eq!(offset_of!(ScheduleParams, head_blocks), 216);
+        assert_eq!(offset_of!(ScheduleParams, line), 240);
+        assert_eq!(offset_of!(ScheduleParams, share), 280);
     }
 
     #[test]

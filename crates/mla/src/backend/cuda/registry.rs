@@ -55,6 +55,9 @@ pub enum Family {
     DecodeNarrow,
     /// Stage 2: the ascending merge of the splits.
     Combine,
+    /// The work schedule of a persistent decode, from the device's lengths (not used by a
+    /// decode yet; `plan::schedule` is its reference).
+    Schedule,
 }
 
 impl Family {
@@ -65,6 +68,7 @@ impl Family {
             Family::DecodeWgmma => "decode_wgmma/kernel.cu",
             Family::DecodeNarrow => "decode_narrow/kernel.cu",
             Family::Combine => "combine/kernel.cu",
+            Family::Schedule => "schedule/kernel.cu",
         }
     }
 
@@ -75,12 +79,13 @@ impl Family {
             Family::DecodeWgmma => include_str!("../../../kernels/decode_wgmma/kernel.cu"),
             Family::DecodeNarrow => include_str!("../../../kernels/decode_narrow/kernel.cu"),
             Family::Combine => include_str!("../../../kernels/combine/kernel.cu"),
+            Family::Schedule => include_str!("../../../kernels/schedule/kernel.cu"),
         }
     }
 
     /// Whether this is a stage-1 kernel (it exports `mla_decode_smem_bytes`).
     pub fn is_decode(self) -> bool {
-        self != Family::Combine
+        !matches!(self, Family::Combine | Family::Schedule)
     }
 
     /// The `extern "C"` entry point.
@@ -90,6 +95,7 @@ impl Family {
             Family::DecodeWgmma => "mla_decode_wgmma",
             Family::DecodeNarrow => "mla_decode_narrow",
             Family::Combine => "mla_decode_combine",
+            Family::Schedule => "mla_schedule",
         }
     }
 }
@@ -158,7 +164,7 @@ impl Variant {
                 format!("-DMLA_N={}", 16 * self.row_warps),
                 format!("-DMLA_SLOTS={}", self.stages),
             ]),
-            Family::Combine => {}
+            Family::Combine | Family::Schedule => {}
         }
         d
     }
@@ -192,6 +198,7 @@ impl Variant {
             Family::DecodeWgmma => 256,
             Family::DecodeNarrow => 384,
             Family::Combine => 128,
+            Family::Schedule => 1024,
         }
     }
 
@@ -199,7 +206,7 @@ impl Variant {
     /// number as `mla_decode_smem_bytes`, and loading checks that they agree).
     pub fn smem_bytes(&self) -> usize {
         match self.family {
-            Family::Combine => return 0,
+            Family::Combine | Family::Schedule => return 0,
             Family::DecodeWgmma => {
                 // 1024 bytes of alignment slack, q (64 x D), two stages (swizzled 16-bit
                 // tiles, or raw fp8 rows plus the converted tile), P (64 x 64), two tiles
@@ -504,6 +511,14 @@ pub fn combine_variant(kv_lora_rank: usize, model: ModelDtype) -> Variant {
     }
 }
 
+/// The scheduler kernel (one for every decode; its defines are the base ones).
+pub fn schedule_variant() -> Variant {
+    Variant {
+        family: Family::Schedule,
+        ..combine_variant(512, ModelDtype::Bf16)
+    }
+}
+
 /// Largest dynamic shared memory per block by architecture, for compiling without a device.
 pub fn smem_limit_of_arch(major: u32, minor: u32) -> usize {
     match (major, minor) {
@@ -542,6 +557,7 @@ pub fn all_variants(smem_limit: usize, wgmma: bool) -> Vec<Variant> {
         }
         out.push(combine_variant(512, model));
     }
+    out.push(schedule_variant());
     out
 }
 

@@ -1,0 +1,153 @@
+/**
+ * @file schedule/kernel.cu
+ * @brief The work schedule of a persistent decode, computed on the device from the device's
+ * sequence lengths (so a captured graph needs no host synchronization): the same integers as
+ * `plan::schedule::Schedule::build` in the host code, which is its reference (docs/scheduler.md).
+ *
+ * Jobs: job j = (request * token_blocks + token_block) * head_blocks + head_block, over the
+ * union of its tokens' keys (common/rows.cuh), in blocks of 64 keys at multiples of 64. Laid
+ * end to end on a cost line (segment_cost, then one unit a block), CTA c takes the stretch
+ * [c share, (c + 1) share), share = max(ceil(total / ctas), segment_cost + min_blocks, 1).
+ *
+ * One CTA of THREADS threads; no step is a serial loop over the jobs: each thread costs its
+ * jobs, a block-wide scan gives the cost line, each thread finds its CTAs' start cursors by
+ * binary search over the line, then its jobs' first and last CTAs by binary search over the
+ * cursors, and a second scan the jobs' first workspace slots.
+ */
+#include "common/rows.cuh"
+#include "params.cuh"
+
+/// The kernel's argument (mirrored by `ScheduleParams` in src/backend/cuda/params.rs).
+struct ScheduleParams {
+    DecodeParams d;   // seq_lens, query_len, causal, window, tokens_per_cta
+    int head_blocks;  // head blocks a token block of a request takes
+    int ctas;         // persistent CTAs
+    int segment_cost; // fixed cost of a segment, in blocks
+    int min_blocks;   // fewest blocks a stretch holds beyond one segment cost
+    int jobs;         // requests x token blocks x head blocks
+    int pad;
+    int* line;        // [jobs + 1] out: where each job starts on the cost line; line[jobs] = total
+    int* begin;       // [ctas + 1][2] out: CTA c's first (job, block); the last is (jobs, 0)
+    int* first_cta;   // [jobs] out
+    int* splits;      // [jobs] out
+    int* first_slot;  // [jobs] out
+    int* share;       // [1] out
+};
+static_assert(sizeof(ScheduleParams) == 288, "ScheduleParams must match src/backend/cuda/params.rs");
+
+namespace {
+
+constexpr int THREADS = 1024;
+constexpr int BLOCK = 64;
+
+/// Exclusive prefix sum of a[0 .. n) in place, by the whole CTA (each thread a contiguous
+/// chunk, the chunks' sums scanned in shared memory); returns the total to every thread.
+__device__ int block_scan(int* a, int n, int* sums) {
+    const int per = (n + THREADS - 1) / THREADS;
+    const int lo = min(n, (int)threadIdx.x * per), hi = min(n, lo + per);
+    int sum = 0;
+    for (int i = lo; i < hi; ++i) sum += a[i];
+    sums[threadIdx.x] = sum;
+    __syncthreads();
+    for (int off = 1; off < THREADS; off <<= 1) {
+        const int v = threadIdx.x >= off ? sums[threadIdx.x - off] : 0;
+        __syncthreads();
+        sums[threadIdx.x] += v;
+        __syncthreads();
+    }
+    int run = sums[threadIdx.x] - sum;
+    const int total = sums[THREADS - 1];
+    for (int i = lo; i < hi; ++i) {
+        const int v = a[i];
+        a[i] = run;
+        run += v;
+    }
+    __syncthreads();
+    return total;
+}
+
+/// Lexicographic order of (job, block) cursors.
+__device__ __forceinline__ bool at_most(int job_a, int block_a, int job_b, int block_b) {
+    return job_a < job_b || (job_a == job_b && block_a <= block_b);
+}
+
+/// The CTA whose range holds (job, block): how many of CTAs 1 .. ctas start at or before it.
+__device__ int cta_of(const ScheduleParams& sp, int job, int block) {
+    int lo = 1, hi = sp.ctas + 1;  // first c in [1, ctas] with begin[c] > (job, block)
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (at_most(sp.begin[2 * mid], sp.begin[2 * mid + 1], job, block)) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo - 1;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(THREADS) mla_schedule(const ScheduleParams sp) {
+    __shared__ int sums[THREADS];
+    const DecodeParams& p = sp.d;
+    const int jobs = sp.jobs, seg = sp.segment_cost;
+    const int pack = p.tokens_per_cta;
+    const int token_blocks = (p.query_len + pack - 1) / pack;
+
+    // 1. Each job's cost: its blocks and one segment cost.
+    for (int j = threadIdx.x; j < jobs; j += THREADS) {
+        const int req = j / (token_blocks * sp.head_blocks);
+        const int tok0 = (j / sp.head_blocks) % token_blocks * pack;
+        const int len = request_len(p, req, false);
+        const KeyRange k = tokens_keys(p, len, tok0, min(pack, p.query_len - tok0), 0, 1).keys;
+        const int blocks = k.start < k.end ? (k.end + BLOCK - 1) / BLOCK - k.start / BLOCK : 0;
+        sp.line[j] = blocks + seg;
+    }
+    if (threadIdx.x == 0) sp.line[jobs] = 0;
+    __syncthreads();
+    const int total = block_scan(sp.line, jobs + 1, sums);
+    const int share = max(max((total + sp.ctas - 1) / sp.ctas, seg + sp.min_blocks), 1);
+    const auto blocks_of = [&](int j) { return sp.line[j + 1] - sp.line[j] - seg; };
+
+    // 2. Each CTA's first cursor: the job whose stretch of the line holds c * share (the last
+    //    one starting at or before it) and its block there; past a job's last block, the next.
+    for (int c = threadIdx.x; c <= sp.ctas; c += THREADS) {
+        const long long x = min((long long)c * share, (long long)total);
+        int job = jobs, block = 0;
+        if (c == 0) {
+            job = 0;
+        } else if (x < total) {
+            int lo = 0, hi = jobs;  // jobs whose end (line[j + 1]) is at or before x
+            while (lo < hi) {
+                const int mid = (lo + hi) / 2;
+                if (sp.line[mid + 1] <= x) {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            job = lo;
+            const int b = blocks_of(job);
+            block = min(max((int)x - sp.line[job] - seg, 0), b);
+            if (block == b && b > 0) {
+                ++job;
+                block = 0;
+            }
+        }
+        sp.begin[2 * c] = job;
+        sp.begin[2 * c + 1] = block;
+    }
+    __syncthreads();
+
+    // 3. Each job's CTAs and split count; 4. its first workspace slot.
+    for (int j = threadIdx.x; j < jobs; j += THREADS) {
+        const int b = blocks_of(j);
+        const int first = cta_of(sp, j, 0), last = cta_of(sp, j, max(b, 1) - 1);
+        sp.first_cta[j] = first;
+        sp.splits[j] = last - first + 1;
+        sp.first_slot[j] = last - first + 1;
+    }
+    __syncthreads();
+    block_scan(sp.first_slot, jobs, sums);
+    if (threadIdx.x == 0) *sp.share = share;
+}

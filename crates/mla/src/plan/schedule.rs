@@ -1,0 +1,354 @@
+//! The work schedule of a persistent decode: an even share of the batch's key blocks for each
+//! CTA, split only where a CTA's share ends inside a job (issue 4, deliverable 2).
+//!
+//! Not used by a kernel yet. It is the reference the GPU scheduler must reproduce bit for bit:
+//! the same integer walk, run on the device from the device's sequence lengths (so that it is
+//! captured in a CUDA graph and needs no host synchronization), and checked against this one.
+//!
+//! A *job* is what one CTA of today's grid does for all splits: the rows of one request's
+//! packed tokens and one block of heads, over the union of their keys, in blocks of
+//! [`BLOCK`] keys. Laid end to end, each job costs a fixed amount (loading q, the first
+//! tile's latency, writing the partial, its part of the merge) and then one unit a block.
+//! CTA c takes the stretch `[c * share, (c + 1) * share)` of that line, where share is the
+//! total over the CTAs (but at least a few blocks): the blocks whose units fall in it, and the
+//! jobs whose fixed cost starts in it. So a CTA's work is one range of (job, block) positions
+//! (a few whole jobs and a piece of one at either end), each CTA finds its own start with a
+//! binary search (the device computes the schedule with every thread busy, not in one
+//! thread's loop), and a job is cut only where a stretch ends inside its blocks: a job left
+//! whole needs no merge, and a batch of very different lengths keeps every SM busy, where one
+//! split count for the whole batch cannot.
+
+use std::ops::Range;
+
+use super::extents::{Mask, key_range};
+
+/// Keys of a block: the schedule's unit of work (the kernels' tile).
+pub const BLOCK: usize = 64;
+
+/// The default cost of a segment beyond its blocks, in blocks.
+pub const SEGMENT_COST: usize = 2;
+
+/// The default fewest blocks a CTA's stretch holds beyond one segment cost (a batch of one
+/// short request is not cut into pieces of one block).
+pub const MIN_BLOCKS: usize = 3;
+
+/// Where a CTA's work starts or ends: block `block` of job `job`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Cursor {
+    /// The job.
+    pub job: usize,
+    /// The block within the job.
+    pub block: usize,
+}
+
+/// One CTA's piece of one job: blocks `blocks` of job `job`, the job's split `split`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    /// The job.
+    pub job: usize,
+    /// Its blocks (empty for a job with no keys, which still writes o = 0 and lse = -inf).
+    pub blocks: Range<usize>,
+    /// The job's split this segment is (0 .. [`Schedule::splits`] of the job).
+    pub split: usize,
+}
+
+/// The schedule of one decode: per CTA, the range of (job, block) positions it takes; per
+/// job, the CTAs it spans. What the device holds (a few integers a CTA and a job).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schedule {
+    /// Per CTA: `begin[c] .. begin[c + 1]`, the last ending at (jobs, 0). A CTA with no
+    /// work has `begin[c] == begin[c + 1]`.
+    pub begin: Vec<Cursor>,
+    /// Per job: the first CTA that takes a segment of it.
+    pub first_cta: Vec<usize>,
+    /// Per job: its split count (the CTAs that take a segment of it; 1: no merge).
+    pub splits: Vec<usize>,
+    /// Per job: its first workspace slot (the slots of its splits follow in order).
+    pub first_slot: Vec<usize>,
+    /// The stretch of the cost line each CTA takes, in blocks.
+    pub share: usize,
+}
+
+impl Schedule {
+    /// The schedule of jobs of `blocks[j]` blocks each over `ctas` CTAs (at least 1), with
+    /// `segment_cost` blocks of fixed cost a job and stretches of at least `segment_cost +
+    /// min_blocks`.
+    ///
+    /// A CTA's real cost (its blocks and one segment cost a segment) stays within `share +
+    /// segment_cost`: its stretch holds the fixed cost of every job it starts, and a job cut
+    /// at its start costs it one more (the tests check it).
+    pub fn build(
+        blocks: &[usize],
+        ctas: usize,
+        segment_cost: usize,
+        min_blocks: usize,
+    ) -> Schedule {
+        let ctas = ctas.max(1);
+        let jobs = blocks.len();
+        // Where each job starts on the cost line, and where the line ends.
+        let mut starts = Vec::with_capacity(jobs + 1);
+        let mut at = 0;
+        for &b in blocks {
+            starts.push(at);
+            at += b + segment_cost;
+        }
+        starts.push(at);
+        let total = at;
+        let share = total.div_ceil(ctas).max(segment_cost + min_blocks).max(1);
+        // The (job, block) position at point x of the line: the job whose stretch holds x
+        // (the last one whose start is at most x), and its block there (0 in its fixed cost);
+        // past a job's last block, the next job.
+        let cursor = |x: usize| -> Cursor {
+            if x >= total {
+                return Cursor {
+                    job: jobs,
+                    block: 0,
+                };
+            }
+            let job = starts[1..].partition_point(|&s| s <= x);
+            let block = (x - starts[job])
+                .saturating_sub(segment_cost)
+                .min(blocks[job]);
+            if block == blocks[job] && block > 0 {
+                Cursor {
+                    job: job + 1,
+                    block: 0,
+                }
+            } else {
+                Cursor { job, block }
+            }
+        };
+        // CTA 0 starts at the first job even when jobs of no cost come first (the cursor
+        // passes over them; elsewhere the CTA before takes them).
+        let begin: Vec<Cursor> = (0..=ctas)
+            .map(|c| {
+                if c == 0 {
+                    Cursor::default()
+                } else {
+                    cursor((c * share).min(total))
+                }
+            })
+            .collect();
+        // The CTA whose range holds position `at`.
+        let cta_of = |at: Cursor| begin[1..].partition_point(|&b| b <= at);
+        let mut first_cta = Vec::with_capacity(jobs);
+        let mut splits = Vec::with_capacity(jobs);
+        let mut first_slot = Vec::with_capacity(jobs);
+        let mut slot = 0;
+        for (job, &b) in blocks.iter().enumerate() {
+            let first = cta_of(Cursor { job, block: 0 });
+            let last = cta_of(Cursor {
+                job,
+                block: b.max(1) - 1,
+            });
+            first_cta.push(first);
+            splits.push(last - first + 1);
+            first_slot.push(slot);
+            slot += last - first + 1;
+        }
+        Schedule {
+            begin,
+            first_cta,
+            splits,
+            first_slot,
+            share,
+        }
+    }
+
+    /// The CTAs of the schedule.
+    pub fn ctas(&self) -> usize {
+        self.begin.len() - 1
+    }
+
+    /// Workspace slots the schedule's partials take (one per split of every job).
+    pub fn slots(&self) -> usize {
+        self.splits.iter().sum()
+    }
+
+    /// CTA `c`'s segments, in order, for jobs of `blocks[j]` blocks: how a persistent CTA
+    /// walks its range.
+    pub fn segments(&self, c: usize, blocks: &[usize]) -> Vec<Segment> {
+        let (from, to) = (self.begin[c], self.begin[c + 1]);
+        let mut out = Vec::new();
+        let mut j = from.job;
+        while j < blocks.len() && (j < to.job || (j == to.job && to.block > 0)) {
+            let start = if j == from.job { from.block } else { 0 };
+            let end = if j == to.job { to.block } else { blocks[j] };
+            out.push(Segment {
+                job: j,
+                blocks: start..end,
+                split: c - self.first_cta[j],
+            });
+            j += 1;
+        }
+        out
+    }
+}
+
+/// The jobs of a decode, as the device's scheduler numbers them: job (request x token_blocks
+/// + token_block) x head_blocks + head_block, over the union of its tokens' keys.
+#[derive(Debug, Clone)]
+pub struct Jobs<'a> {
+    /// KV length of each request (a negative one counts as 0).
+    pub seq_lens: &'a [i32],
+    /// Query tokens a request.
+    pub query_len: usize,
+    /// How the tokens see each other.
+    pub mask: Mask,
+    /// Sliding window, if any.
+    pub window: Option<usize>,
+    /// Tokens of a request a job takes.
+    pub tokens_per_cta: usize,
+    /// Jobs a token block takes (one per block of heads).
+    pub head_blocks: usize,
+}
+
+impl Jobs<'_> {
+    /// Each job's blocks ([`job_blocks`] of the union of its tokens' keys).
+    pub fn blocks(&self) -> Vec<usize> {
+        let q = self.query_len.max(1);
+        let pack = self.tokens_per_cta.clamp(1, q);
+        let mut out = Vec::new();
+        for &len in self.seq_lens {
+            let len = len.max(0) as usize;
+            for tok0 in (0..q).step_by(pack) {
+                let (mut start, mut end) = (usize::MAX, 0);
+                for t in tok0..(tok0 + pack).min(q) {
+                    let k = key_range(len, t, q, self.mask, self.window);
+                    if k.start < k.end {
+                        start = start.min(k.start);
+                        end = end.max(k.end);
+                    }
+                }
+                let b = job_blocks(start, end);
+                out.extend(std::iter::repeat_n(b, self.head_blocks));
+            }
+        }
+        out
+    }
+}
+
+/// Blocks of a job over keys `[start, end)`: the blocks of [`BLOCK`] keys it touches, block
+/// boundaries at multiples of [`BLOCK`] (as the TMA tiles are).
+pub fn job_blocks(start: usize, end: usize) -> usize {
+    if start >= end {
+        0
+    } else {
+        end.div_ceil(BLOCK) - start / BLOCK
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::{Just, prop_assert, prop_assert_eq};
+
+    #[test]
+    fn one_long_request_spreads_over_the_gpu_and_a_short_batch_stays_whole() {
+        // Batch 1, 8192 keys (128 blocks) on 132 CTAs: stretches of 5 (the minimum), the
+        // first with the fixed cost and 3 blocks, then 5 blocks each: 26 splits.
+        let s = Schedule::build(&[128], 132, SEGMENT_COST, MIN_BLOCKS);
+        assert_eq!((s.share, s.splits[0]), (5, 26));
+        assert_eq!(s.segments(0, &[128])[0].blocks, 0..3);
+        assert_eq!(s.segments(1, &[128])[0].blocks, 3..8);
+        assert_eq!(s.segments(25, &[128])[0].blocks, 123..128);
+        assert!(s.segments(26, &[128]).is_empty());
+        // 264 requests of 4096 keys on 132 CTAs: two whole jobs a CTA, no merge.
+        let blocks = vec![64; 264];
+        let s = Schedule::build(&blocks, 132, SEGMENT_COST, MIN_BLOCKS);
+        assert!(s.splits.iter().all(|&n| n == 1));
+        assert_eq!(s.slots(), 264);
+        assert_eq!(s.segments(7, &blocks).len(), 2);
+    }
+
+    #[test]
+    fn long_requests_get_more_ctas_than_short_ones() {
+        // 64 requests from 64 to 8192 keys (the varlen case of the benchmark): the longest
+        // gets the most splits, and every CTA's cost stays within its share.
+        let blocks: Vec<usize> = (0..64).map(|i| 1 + i * 2).collect();
+        let s = Schedule::build(&blocks, 132, SEGMENT_COST, MIN_BLOCKS);
+        assert!(s.splits[63] > s.splits[0]);
+        assert_eq!(s.splits[0], 1);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn every_block_once_in_order_and_no_cta_far_over_its_share(
+            blocks in proptest::collection::vec(
+                proptest::prop_oneof![Just(0usize), 1usize..4, 1usize..300], 1..120),
+            ctas in 1usize..200,
+            cost in 0usize..5,
+            min_blocks in 1usize..6,
+        ) {
+            let s = Schedule::build(&blocks, ctas, cost, min_blocks);
+            prop_assert_eq!(s.ctas(), ctas);
+            prop_assert_eq!(s.begin[0], Cursor { job: 0, block: 0 });
+            prop_assert_eq!(s.begin[ctas], Cursor { job: blocks.len(), block: 0 });
+            prop_assert!(s.begin.windows(2).all(|w| w[0] <= w[1]));
+            // Each job: its segments, CTA by CTA, cover its blocks once, in order, split
+            // 0, 1, ... from its first CTA; a job with no keys has one empty segment.
+            let mut seen: Vec<Vec<(usize, Segment)>> = vec![Vec::new(); blocks.len()];
+            for c in 0..ctas {
+                let segs = s.segments(c, &blocks);
+                let cost_of: usize = segs.iter().map(|g| g.blocks.len() + cost).sum();
+                prop_assert!(cost_of <= s.share + cost, "CTA {} takes {} of {}", c, cost_of, s.share);
+                for g in segs {
+                    prop_assert!(!g.blocks.is_empty() || blocks[g.job] == 0);
+                    seen[g.job].push((c, g));
+                }
+            }
+            let mut slot = 0;
+            for (j, segs) in seen.iter().enumerate() {
+                prop_assert_eq!(segs.len(), s.splits[j], "job {}", j);
+                prop_assert_eq!(s.first_cta[j], segs[0].0);
+                prop_assert_eq!(s.first_slot[j], slot);
+                slot += s.splits[j];
+                let mut next = 0;
+                for (i, (c, g)) in segs.iter().enumerate() {
+                    prop_assert_eq!(g.split, i);
+                    prop_assert_eq!(*c, s.first_cta[j] + i);
+                    prop_assert_eq!(g.blocks.start, next);
+                    next = g.blocks.end;
+                }
+                prop_assert_eq!(next, blocks[j]);
+            }
+            // Each cut adds one split: at most one per CTA boundary.
+            prop_assert!(s.slots() < blocks.len() + ctas);
+        }
+    }
+
+    #[test]
+    fn jobs_take_the_union_of_their_tokens_keys() {
+        // Two requests of 4 causal tokens, two tokens a job, two head blocks: request 0
+        // (200 keys) token block 0 sees [0, 198), block 1 [0, 200): 4 blocks each; request 1
+        // (a negative length) has no keys.
+        let jobs = Jobs {
+            seq_lens: &[200, -5],
+            query_len: 4,
+            mask: Mask::Causal,
+            window: None,
+            tokens_per_cta: 2,
+            head_blocks: 2,
+        };
+        assert_eq!(jobs.blocks(), vec![4, 4, 4, 4, 0, 0, 0, 0]);
+        let windowed = Jobs {
+            window: Some(100),
+            tokens_per_cta: 1,
+            head_blocks: 1,
+            ..jobs
+        };
+        // Token t ends at 197 + t: [97, 197) .. [100, 200).
+        assert_eq!(windowed.blocks(), vec![3, 3, 3, 3, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn job_blocks_follow_the_tile_grid() {
+        assert_eq!(job_blocks(0, 0), 0);
+        assert_eq!(job_blocks(5, 5), 0);
+        assert_eq!(job_blocks(0, 1), 1);
+        assert_eq!(job_blocks(0, 64), 1);
+        assert_eq!(job_blocks(63, 65), 2);
+        assert_eq!(job_blocks(64, 128), 1);
+        assert_eq!(job_blocks(100, 8192), 127);
+    }
+}
