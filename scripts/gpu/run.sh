@@ -3,7 +3,7 @@
 # (scripts/gpu/build.sh) and optionally .anchors/ carried. Writes every log into $OUT (the
 # folder that comes back), or ./results when $OUT is unset. The last lines printed are a
 # summary.
-#   scripts/gpu/run.sh [all|tests|try|memcheck|racecheck|pytest|bench|compare|narrow|sweep|ablate|profile|dcp|mtp|anchors] ...
+#   scripts/gpu/run.sh [all|tests|try|memcheck|racecheck|pytest|bench|compare|narrow|schedule|sweep|ablate|profile|dcp|mtp|anchors] ...
 # `ablate` times the wgmma kernel with parts switched off (MLA_EXTRA_DEFINES, see
 # kernels/decode_wgmma/NOTES.md); `dcp` runs the two-GPU DCP test and `mla bench --dcp 2`
 # (needs two GPUs).
@@ -61,6 +61,12 @@ if has tests; then
   for k in wgmma mma narrow; do
     for t in cuda_contract cuda_runtime; do run_test $t $k; done
   done
+  # The device-computed schedule (docs/scheduler.md) on both kernels that take it.
+  export MLA_SCHEDULE=1
+  for k in wgmma mma; do
+    for t in cuda_contract cuda_runtime; do run_test $t $k; done
+  done
+  unset MLA_SCHEDULE
 
   # The Hopper kernel must be built of warpgroup MMAs (HGMMA in the SASS).
   for f in $(find "$MLA_CACHE_DIR" -type f); do
@@ -85,16 +91,17 @@ for tool in memcheck racecheck; do
   if has "$tool"; then
     trial=""
     [ "$try_ok" = 1 ] && trial=try
-    for k in "" wgmma narrow $trial; do
-      defs=""; kernel=$k
+    for k in "" wgmma narrow scheduled-wgmma scheduled-mma $trial; do
+      defs=""; kernel=$k; sched=0
       if [ "$k" = try ]; then defs=$MLA_TRY_DEFINES; kernel=wgmma; fi
+      if [[ "$k" == scheduled-* ]]; then kernel=${k#scheduled-}; sched=1; fi
       log="$out/sanitizer-$tool${k:+-$k}.log"
       lim=$limit
       [ "$k" = try ] && lim=${MLA_TRY_LIMIT:-40}
-      MLA_KERNEL=$kernel MLA_EXTRA_DEFINES=$defs timeout "$lim" compute-sanitizer --tool "$tool" \
+      MLA_SCHEDULE=$sched MLA_KERNEL=$kernel MLA_EXTRA_DEFINES=$defs timeout "$lim" compute-sanitizer --tool "$tool" \
         --error-exitcode 9 gpu-bin/tests/cuda_sanitize --test-threads=1 > "$log" 2>&1
       rc=$?
-      note "compute-sanitizer $tool${k:+ (MLA_KERNEL=$kernel $defs)}: rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$log" | tr '\n' ' ')"
+      note "compute-sanitizer $tool${k:+ (MLA_KERNEL=$kernel MLA_SCHEDULE=$sched $defs)}: rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$log" | tr '\n' ' ')"
     done
   fi
 done
@@ -178,6 +185,32 @@ if has narrow; then
 64 8 8192 fp8 --query-len 2
 CASES
   python3 scripts/gpu/compare_table.py "$out/narrow.txt"
+fi
+
+if has schedule; then
+  # The device-computed schedule (MLA_SCHEDULE=1) against the fill rule's split grid, on the
+  # same problems (varied lengths are what it is for).
+  while read -r b h c kv extra; do
+    for s in 0 1; do
+      MLA_SCHEDULE=$s bench_row "schedule=$s $b $h $c $kv" "" "" schedule --batch "$b" \
+        --heads "$h" --ctx "$c" --kv-dtype "$kv" $extra
+    done
+  done <<'CASES'
+64 128 8192 bf16 --varlen
+64 16 8192 bf16 --varlen
+32 128 8192 bf16 --varlen
+128 128 4096 bf16
+32 128 4096 bf16
+4 128 32768 bf16
+8 128 4096 bf16
+1 128 8192 bf16
+128 16 4096 bf16
+64 16 8192 bf16
+8 16 4096 bf16
+1 16 8192 bf16
+64 128 8192 fp8 --varlen
+CASES
+  python3 scripts/gpu/compare_table.py "$out/schedule.txt"
 fi
 
 if has sweep; then

@@ -43,6 +43,26 @@ struct DecodeParams {
 };
 static_assert(sizeof(DecodeParams) == 216, "DecodeParams must match src/backend/cuda/params.rs");
 
+/// The work schedule of a decode (docs/scheduler.md), computed on the device by
+/// kernels/schedule/kernel.cu, and the argument of the scheduled stage-1 and combine variants
+/// (`MLA_SCHED`), which read it (mirrored by `ScheduleParams` in src/backend/cuda/params.rs).
+struct ScheduleParams {
+    DecodeParams d;    // the decode (the scheduled variants' partials go to d.part_o, d.part_lse)
+    int head_blocks;   // head blocks a token block of a request takes
+    int ctas;          // CTAs the cost line is shared among
+    int segment_cost;  // fixed cost of a segment, in blocks
+    int min_blocks;    // fewest blocks a stretch holds beyond one segment cost
+    int jobs;          // requests x token blocks x head blocks
+    int job_rows;      // rows of a job (a stage-1 CTA's tile rows): a partial slot's rows
+    int* line;         // [jobs + 1]: where each job starts on the cost line; line[jobs] = total
+    int* begin;        // [ctas + 1][2]: CTA c's first (job, block); the last is (jobs, 0)
+    int* first_cta;    // [jobs]
+    int* splits;       // [jobs]
+    int* first_slot;   // [jobs]: the job's first partial slot (a prefix sum of splits)
+    int* share;        // [1]
+};
+static_assert(sizeof(ScheduleParams) == 288, "ScheduleParams must match src/backend/cuda/params.rs");
+
 // Bits of *error_flag (src/backend/cuda/mod.rs reads them).
 #define MLA_ERR_NEGATIVE_LEN 1u     // a seq_len below zero (treated as 0)
 #define MLA_ERR_BEYOND_TABLE 2u     // a seq_len beyond max_blocks * page_size (extra keys skipped)

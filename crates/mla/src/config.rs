@@ -211,6 +211,7 @@ impl MlaConfig {
             dcp_world_size: self.dcp_world_size,
             sm_count,
             split_rule,
+            schedule: false,
         })
     }
 
@@ -342,6 +343,9 @@ pub struct ValidConfig {
     pub sm_count: usize,
     /// How rows are cut into splits (vLLM's rule on the CPU, filling the SMs on a GPU).
     pub split_rule: SplitRule,
+    /// Whether single-token decodes take the device-computed schedule instead of the split
+    /// rule's grid (the backend's choice, docs/scheduler.md; only under the fill rule).
+    pub schedule: bool,
 }
 
 impl ValidConfig {
@@ -353,6 +357,12 @@ impl ValidConfig {
     /// The longest span a row can attend to for a batch whose longest length is `max_seq`.
     pub fn span(&self, max_seq: usize) -> usize {
         self.sliding_window.map_or(max_seq, |w| max_seq.min(w))
+    }
+
+    /// Whether decodes may take the device-computed schedule: the backend runs it and the
+    /// split count is the fill rule's to choose (not a fixed count, not batch-invariant).
+    pub fn schedules(&self) -> bool {
+        self.schedule && matches!(self.split_rule, SplitRule::Fill { .. })
     }
 
     /// Splits per row for `rows` query rows whose longest length is `max_seq` (1 in
@@ -549,6 +559,34 @@ mod tests {
         c.num_kv_splits = Some(1);
         c.batch_invariant = true;
         assert_eq!(c.validate(&CPU).unwrap().split_rule, SplitRule::Single);
+    }
+
+    #[test]
+    fn only_the_fill_rule_hands_its_splits_to_the_schedule() {
+        let schedule = |mut c: MlaConfig, device: &DeviceInfo| {
+            c.num_heads = 128;
+            let mut v = c.validate(device).unwrap();
+            assert!(
+                !v.schedules(),
+                "a backend turns it on, not the configuration"
+            );
+            v.schedule = true; // what a CUDA backend that schedules sets
+            v.schedules()
+        };
+        assert!(schedule(cfg(), &gpu(9, 0)));
+        let mut fixed = cfg();
+        fixed.num_kv_splits = Some(4);
+        assert!(
+            !schedule(fixed, &gpu(9, 0)),
+            "a fixed split count is the user's"
+        );
+        let mut invariant = cfg();
+        invariant.batch_invariant = true;
+        assert!(
+            !schedule(invariant, &gpu(9, 0)),
+            "batch-invariant mode keeps one split"
+        );
+        assert!(!schedule(cfg(), &CPU), "the CPU keeps vLLM's rule");
     }
 
     #[test]

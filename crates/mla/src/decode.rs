@@ -62,6 +62,7 @@ impl MlaDecode {
         let mut config = config.validate(&info)?;
         backend.configure(&config)?;
         config.split_rule = backend.split_rule(config.split_rule);
+        config.schedule = backend.schedules();
         Ok(MlaDecode {
             config,
             device: info,
@@ -180,7 +181,12 @@ impl MlaDecode {
             .split_rule
             .max_row_splits(max_rows, c.span(max_model_len), c.q_heads);
         // The views are sized by rows x splits, so one "row" of that many splits is the worst.
-        let (_, bytes) = plan::decode_workspace(row_splits, c.q_heads, 1, c.kv_lora_rank)?;
+        let (_, mut bytes) = plan::decode_workspace(row_splits, c.q_heads, 1, c.kv_lora_rank)?;
+        if c.schedules() {
+            let (_, scheduled) =
+                plan::scheduled_workspace(max_rows, c.q_heads, c.kv_lora_rank, c.sm_count)?;
+            bytes = bytes.max(scheduled);
+        }
         self.grow_workspace(bytes)?;
         self.max_model_len = Some(
             self.max_model_len

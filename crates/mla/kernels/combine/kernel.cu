@@ -8,7 +8,12 @@
  * m' = max(m, lse_s); acc = acc * e^(m - m') + e^(lse_s - m') * o_s; sum likewise. A row with
  * no key at all gets o = 0 and lse = -inf.
  *
- * Compile-time configuration: MLA_L (a multiple of 128), MLA_BF16.
+ * Scheduled (MLA_SCHED 1: the argument is a ScheduleParams, docs/scheduler.md): row x head's
+ * job is row x head_blocks + head / job_rows; a job of one split was written by stage 1,
+ * the others' pieces are merged from their slots in order, and an empty piece (lse -inf) is
+ * skipped.
+ *
+ * Compile-time configuration: MLA_L (a multiple of 128), MLA_BF16, MLA_SCHED.
  */
 #include "common/ptx.cuh"
 #include "common/rows.cuh"
@@ -23,13 +28,29 @@ constexpr float LN2 = 0.69314718055994530942f;
 static_assert(L % 128 == 0, "L must be a multiple of 128");
 }  // namespace
 
+#ifndef MLA_SCHED
+#define MLA_SCHED 0
+#endif
+
+#if MLA_SCHED
+extern "C" __global__ void __launch_bounds__(128) mla_decode_combine(const ScheduleParams sp) {
+    const DecodeParams& p = sp.d;
+#else
 extern "C" __global__ void __launch_bounds__(128) mla_decode_combine(const DecodeParams p) {
+#endif
     const int lane = threadIdx.x % 32;
     const int row = blockIdx.x;
     const int head = blockIdx.y * 4 + threadIdx.x / 32;
     if (head >= p.heads) return;
+#if MLA_SCHED
+    const int job = row * sp.head_blocks + head / sp.job_rows;
+    const int splits = sp.splits[job];
+    if (splits == 1) return;  // stage 1 wrote o and lse
+    const i64 first = (i64)sp.first_slot[job] * sp.job_rows + head % sp.job_rows;
+#else
     const int splits = p.num_kv_splits;
     const KeyRange keys = row_keys(p, row, false);  // stage 1 already raised any error
+#endif
 
     f32x4 acc[PER_LANE];
 #pragma unroll
@@ -44,10 +65,15 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode_combine(const Decod
 #pragma unroll
         for (int b = 0; b < BATCH; ++b) {
             const int s = s0 + b;
-            const KeyRange k = split_keys(keys, s, splits);
             lse_s[b] = bits_to_float(0xff800000u);  // an empty or missing split weighs 0
+#if MLA_SCHED
+            if (s < splits) {
+                const i64 at = first + (i64)s * sp.job_rows;
+#else
+            const KeyRange k = split_keys(keys, s, splits);
             if (s < splits && k.start < k.end) {
                 const i64 at = ((i64)row * splits + s) * p.heads + head;
+#endif
                 lse_s[b] = p.part_lse[at] * LOG2E;
                 const f32x4* part = (const f32x4*)(p.part_o + at * L);
 #pragma unroll

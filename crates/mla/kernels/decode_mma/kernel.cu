@@ -29,11 +29,15 @@
  *   MLA_MW         row groups per CTA: ROWS = 16 * MW heads
  *   MLA_BN         keys per tile (a multiple of 32)
  *   MLA_STAGES     tiles in the shared-memory ring (2 or more): STAGES - 1 tiles in flight
+ *   MLA_SCHED      1: the argument is a ScheduleParams and CTA i computes the schedule's
+ *                  piece i (docs/scheduler.md; common/schedule.cuh) instead of split
+ *                  blockIdx.y of row x head block blockIdx.x; its partials go to the piece's slot
  */
 #include "common/fp8.cuh"
 #include "common/keys.cuh"
 #include "common/ptx.cuh"
 #include "common/rows.cuh"
+#include "common/schedule.cuh"
 #include "params.cuh"
 
 namespace {
@@ -47,6 +51,10 @@ constexpr int MW = MLA_MW;
 constexpr int ROWS = 16 * MW;
 constexpr int BN = MLA_BN;
 constexpr int STAGES = MLA_STAGES;
+#ifndef MLA_SCHED
+#define MLA_SCHED 0
+#endif
+#define SCHED MLA_SCHED  // 1: the CTAs take the pieces of a device-computed schedule
 constexpr int NW = 4;                       // warps per row group
 constexpr int THREADS = 32 * NW * MW;
 constexpr int DP = D + 8;                   // padded shared row: 8 rows hit 8 distinct 16-byte bank groups
@@ -165,18 +173,27 @@ __device__ __forceinline__ const u16* convert_tile(const Smem& sm, int s, float 
 
 // One row group: two CTAs per SM (the host picks a ring that leaves room for both). More row
 // groups have too many threads for two CTAs' registers.
+#if SCHED
+// Scheduled: CTA i computes the schedule's piece i (common/schedule.cuh); past the last, nothing.
+extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decode_split(const ScheduleParams sp) {
+    const DecodeParams& p = sp.d;
+    const Piece pc = piece_of(sp, blockIdx.x);
+    if (pc.job < 0) return;
+#else
 extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decode_split(const DecodeParams p) {
+    const Piece pc = grid_piece(p);
+#endif
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const Smem sm{smem_raw};
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int rg = warp / NW, wc = warp % NW;
     const int g = lane / 4, c = lane % 4;  // mma fragment row and column group
     const int head_blocks = (p.heads + ROWS - 1) / ROWS;
-    const int row = blockIdx.x / head_blocks;
-    const int head0 = (blockIdx.x % head_blocks) * ROWS;
-    const int splits = p.num_kv_splits;
+    const int row = pc.job / head_blocks;
+    const int head0 = (pc.job % head_blocks) * ROWS;
+    const int splits = pc.splits;
 
-    const KeyRange keys = split_keys(row_keys(p, row, threadIdx.x == 0 && blockIdx.y == 0), blockIdx.y, splits);
+    const KeyRange keys = piece_keys(row_keys(p, row, threadIdx.x == 0 && pc.split == 0), pc);
     if (keys.start >= keys.end) {
         if (splits == 1) write_empty<ROWS, THREADS, L>(p, row, head0);
         return;  // an empty split writes nothing; stage 2 skips it
@@ -353,7 +370,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decod
         const int head = head0 + rg * 16 + g + 8 * h;
         if (head >= p.heads) continue;
         const int col0 = wc * COLS_W + 2 * c;
-        store_pairs<BF16, L, NT_O, 8>(p, row, head, col0, [&](int i, int e) { return o[i][2 * h + e] * inv[h]; });
-        if (wc == 0 && c == 0) store_lse(p, row, head, lse[h]);
+        const i64 at = piece_at(p, pc, ROWS, head - head0, row, head);
+        store_pairs_at<BF16, L, NT_O, 8>(p, at, row, head, col0, [&](int i, int e) { return o[i][2 * h + e] * inv[h]; });
+        if (wc == 0 && c == 0) store_lse_at(p, at, row, head, lse[h]);
     }
 }

@@ -44,11 +44,15 @@
  *   MLA_PACK       1: the CTA's rows are `tokens_per_cta` tokens x heads, each masked to its own
  *                  keys; 0: one token's 64 heads (tokens_per_cta must be 1), whose keys are the
  *                  CTA's (fewer registers and no division in the q loader)
+ *   MLA_SCHED      1 (unpacked only): the argument is a ScheduleParams and CTA i computes
+ *                  the schedule's piece i (docs/scheduler.md; common/schedule.cuh) instead of
+ *                  split blockIdx.y of job blockIdx.x; its partials go to the piece's slot
  */
 #include "common/fp8.cuh"
 #include "common/keys.cuh"
 #include "common/ptx.cuh"
 #include "common/rows.cuh"
+#include "common/schedule.cuh"
 #include "common/wgmma.cuh"
 #include "params.cuh"
 
@@ -67,6 +71,10 @@ constexpr int KV = MLA_KV;
 constexpr bool CONVERT = KV != 0;
 constexpr bool FP8 = KV >= 2;             // fp8 stages raw rows and converts into a tile of its own
 constexpr bool PACK = MLA_PACK != 0;      // rows of several query tokens
+#ifndef MLA_SCHED
+#define MLA_SCHED 0
+#endif
+#define SCHED MLA_SCHED                   // 1: the CTAs take the pieces of a device-computed schedule
 constexpr int KV_ELEM = FP8 ? 1 : 2;      // bytes per cache element
 constexpr int KEY_PIECES = D * KV_ELEM / 16;  // 16-byte pieces per cache row
 constexpr int TILE_BYTES = M * D * 2;     // q, a swizzled key tile (BN == M)
@@ -82,6 +90,7 @@ constexpr int COLS = L / 2;            // output columns per warpgroup
 static_assert(L == 512, "two warpgroups of m64n256 cover L = 512");
 static_assert(D % 64 == 0, "rows must be whole 64-column chunks");
 static_assert(KV >= 0 && KV <= 3, "cache format code");
+static_assert(!(SCHED && PACK), "the schedule's jobs are single tokens here");
 
 struct Smem {
     unsigned char* base;  // 1024-byte aligned
@@ -117,13 +126,14 @@ struct Rows {
     __device__ bool real(int r, const DecodeParams& p) const { return nth(r) < tokens && head(r) < p.heads; }
 };
 
-/// Where this CTA's split reads (common/rows.cuh, tokens_keys): with one token, its keys.
-__device__ __forceinline__ TokensKeys cta_keys(const DecodeParams& p, const Rows& rows, int len) {
+/// Where this CTA's piece reads (common/rows.cuh, tokens_keys; common/schedule.cuh,
+/// piece_keys): with one token, its keys.
+__device__ __forceinline__ TokensKeys cta_keys(const DecodeParams& p, const Rows& rows, int len, const Piece& pc) {
     if (!PACK) {
-        const KeyRange r = split_keys(token_keys(p, len, rows.tok0), blockIdx.y, p.num_kv_splits);
+        const KeyRange r = piece_keys(token_keys(p, len, rows.tok0), pc);
         return {r, r};
     }
-    return tokens_keys(p, len, rows.tok0, rows.tokens, blockIdx.y, p.num_kv_splits);
+    return tokens_keys(p, len, rows.tok0, rows.tokens, pc.split, pc.splits);
 }
 
 /// q of the tile's rows, swizzled; padding rows are zero.
@@ -270,7 +280,16 @@ __device__ __forceinline__ void pv_step(float (&o)[COLS / 2], const Smem& sm, in
 }  // namespace
 
 // One CTA per SM: the accumulators take 128 registers a thread and the tiles 226 KB.
+#if SCHED
+// Scheduled: CTA i computes the schedule's piece i (common/schedule.cuh); past the last, nothing.
+extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const ScheduleParams sp) {
+    const DecodeParams& p = sp.d;
+    const Piece pc = piece_of(sp, blockIdx.x);
+    if (pc.job < 0) return;
+#else
 extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const DecodeParams p) {
+    const Piece pc = grid_piece(p);
+#endif
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const Smem sm{(unsigned char*)(((u64)smem_raw + ALIGN - 1) & ~(u64)(ALIGN - 1))};
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -280,14 +299,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
     const int per_token = PACK ? p.heads : M;         // the host packs only when heads * pack <= 64
     const int head_blocks = (p.heads + per_token - 1) / per_token;
     const int token_blocks = (p.query_len + pack - 1) / pack;
-    const int req = blockIdx.x / (head_blocks * token_blocks);
-    const int tok0 = (blockIdx.x / head_blocks) % token_blocks * pack;
+    const int req = pc.job / (head_blocks * token_blocks);
+    const int tok0 = (pc.job / head_blocks) % token_blocks * pack;
     const Rows rows{req * p.query_len + tok0, tok0, PACK ? min(pack, p.query_len - tok0) : 1, per_token,
-                    (blockIdx.x % head_blocks) * per_token};
-    const int splits = p.num_kv_splits;
+                    (pc.job % head_blocks) * per_token};
+    const int splits = pc.splits;
 
-    const int len = request_len(p, req, tid == 0 && blockIdx.y == 0);  // read once, for every row
-    const TokensKeys cta = cta_keys(p, rows, len);
+    const int len = request_len(p, req, tid == 0 && pc.split == 0);  // read once, for every row
+    const TokensKeys cta = cta_keys(p, rows, len, pc);
     const KeyRange keys = cta.keys;
     if (keys.start >= keys.end) {
         if (splits == 1) {
@@ -303,7 +322,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
         const int r = r0 + 8 * h;
         KeyRange k = keys;
         if (PACK) {
-            k = rows.real(r, p) ? split_keys(token_keys(p, len, rows.token(r)), blockIdx.y, splits) : KeyRange{0, 0};
+            k = rows.real(r, p) ? split_keys(token_keys(p, len, rows.token(r)), pc.split, splits) : KeyRange{0, 0};
         }
         lo[h] = k.start;
         hi[h] = k.end;
@@ -428,7 +447,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
         if (!rows.real(r, p)) continue;
         const int row = rows.row(r), head = rows.head(r);
         const int col0 = wg * COLS + 2 * (lane % 4);
-        store_pairs<BF16, L, COLS / 8, 8>(p, row, head, col0, [&](int j, int e) { return o[4 * j + 2 * h + e] * inv[h]; });
-        if (wg == 0 && lane % 4 == 0) store_lse(p, row, head, lse[h]);
+        const i64 at = piece_at(p, pc, M, r, row, head);
+        store_pairs_at<BF16, L, COLS / 8, 8>(p, at, row, head, col0, [&](int j, int e) { return o[4 * j + 2 * h + e] * inv[h]; });
+        if (wg == 0 && lane % 4 == 0) store_lse_at(p, at, row, head, lse[h]);
     }
 }

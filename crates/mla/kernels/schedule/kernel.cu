@@ -17,23 +17,6 @@
 #include "common/rows.cuh"
 #include "params.cuh"
 
-/// The kernel's argument (mirrored by `ScheduleParams` in src/backend/cuda/params.rs).
-struct ScheduleParams {
-    DecodeParams d;   // seq_lens, query_len, causal, window, tokens_per_cta
-    int head_blocks;  // head blocks a token block of a request takes
-    int ctas;         // persistent CTAs
-    int segment_cost; // fixed cost of a segment, in blocks
-    int min_blocks;   // fewest blocks a stretch holds beyond one segment cost
-    int jobs;         // requests x token blocks x head blocks
-    int pad;
-    int* line;        // [jobs + 1] out: where each job starts on the cost line; line[jobs] = total
-    int* begin;       // [ctas + 1][2] out: CTA c's first (job, block); the last is (jobs, 0)
-    int* first_cta;   // [jobs] out
-    int* splits;      // [jobs] out
-    int* first_slot;  // [jobs] out
-    int* share;       // [1] out
-};
-static_assert(sizeof(ScheduleParams) == 288, "ScheduleParams must match src/backend/cuda/params.rs");
 
 namespace {
 

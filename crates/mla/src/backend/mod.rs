@@ -115,6 +115,16 @@ impl Backend {
         }
     }
 
+    /// Whether the configured decoder's single-token decodes take the device-computed
+    /// schedule (the CPU backend has none).
+    pub(crate) fn schedules(&self) -> bool {
+        match self {
+            Backend::Cpu(_) => false,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(b) => b.schedules(),
+        }
+    }
+
     /// Prepares every kernel the configured decoder can pick.
     pub(crate) fn warmup(&mut self, max_splits: usize) -> Result<()> {
         match self {

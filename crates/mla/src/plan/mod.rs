@@ -95,6 +95,10 @@ pub struct DecodePlan {
     /// Workspace views: split partial outputs `[rows, splits, H, L]` f32 and their LSEs
     /// `[rows, splits, H]` f32.
     pub workspace: [Region; 2],
+    /// Workspace views of a scheduled decode (when the configuration schedules): partial
+    /// outputs and LSEs by piece slot, and the schedule's integers ([`scheduled_workspace`]).
+    /// They overlap `workspace`: a decode takes one layout or the other.
+    pub schedule_workspace: Option<[Region; 3]>,
     /// Bytes the workspace must hold for this call.
     pub workspace_bytes: usize,
 }
@@ -294,7 +298,14 @@ impl DecodePlan {
                 ))?;
 
         let num_kv_splits = cfg.splits(max_seq, rows, inputs.query_len);
-        let (workspace, workspace_bytes) = decode_workspace(rows, h, num_kv_splits, l)?;
+        let (workspace, mut workspace_bytes) = decode_workspace(rows, h, num_kv_splits, l)?;
+        let schedule_workspace = if cfg.schedules() {
+            let (regions, bytes) = scheduled_workspace(rows, h, l, cfg.sm_count)?;
+            workspace_bytes = workspace_bytes.max(bytes);
+            Some(regions)
+        } else {
+            None
+        };
 
         Ok(DecodePlan {
             rows,
@@ -322,6 +333,7 @@ impl DecodePlan {
             o_strides: [o_row, o_head],
             lse_stride: lse.strides()[0],
             workspace,
+            schedule_workspace,
             workspace_bytes,
         })
     }
@@ -347,6 +359,51 @@ pub fn decode_workspace(
         .ok_or_else(overflow)?;
     let o = lse.checked_mul(kv_lora_rank).ok_or_else(overflow)?;
     workspace::layout([o, lse])
+}
+
+/// Rows of partial outputs a scheduled decode of `rows` query rows over `heads` heads may
+/// write on `sm_count` SMs: its slots (fewer than jobs + CTAs, `schedule::Schedule`) times
+/// the rows of a job. A stage-1 CTA takes at most 64 rows and an SM holds at most 64 rows'
+/// worth of CTAs, so jobs x rows <= rows x (heads + 63) and CTAs x rows <= 64 x SMs.
+fn scheduled_rows(rows: usize, heads: usize, sm_count: usize) -> Option<usize> {
+    rows.checked_mul(heads.checked_add(63)?)?
+        .checked_add(sm_count.checked_mul(64)?)
+}
+
+/// The schedule's integers for `rows` query rows over `heads` heads on `sm_count` SMs: per
+/// job (at most rows x heads / 16, the mma kernel's smallest head block) its start on the cost
+/// line (one more for the end), first CTA, split count and first slot; per CTA (at most two
+/// an SM) and one more, a (job, block) cursor; the share.
+pub fn schedule_ints(rows: usize, heads: usize, sm_count: usize) -> Option<usize> {
+    let jobs = rows.checked_mul(heads.div_ceil(16))?;
+    let ctas = sm_count.checked_mul(2)?;
+    jobs.checked_mul(4)?
+        .checked_add(1)?
+        .checked_add(ctas.checked_add(1)?.checked_mul(2)?)?
+        .checked_add(1)
+}
+
+/// The workspace views of a scheduled decode: partial outputs `[slot rows, L]` f32, their
+/// LSEs, and the schedule's i32s (see [`scheduled_rows`] and [`schedule_ints`]).
+pub fn scheduled_workspace(
+    rows: usize,
+    heads: usize,
+    kv_lora_rank: usize,
+    sm_count: usize,
+) -> Result<([Region; 3], usize)> {
+    let sizes = (|| {
+        let lse = scheduled_rows(rows, heads, sm_count)?.checked_mul(4)?;
+        Some([
+            lse.checked_mul(kv_lora_rank)?,
+            lse,
+            schedule_ints(rows, heads, sm_count)?.checked_mul(4)?,
+        ])
+    })()
+    .ok_or_else(|| Error::Overflow {
+        what: "workspace",
+        detail: format!("a schedule of {rows} rows x {heads} heads on {sm_count} SMs"),
+    })?;
+    workspace::layout(sizes)
 }
 
 /// The longest length in host seq_lens; an error for a negative one.
@@ -513,6 +570,37 @@ fn stride(arg: &'static str, reason: &str, strides: &[usize], shape: &[usize]) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The scheduled workspace holds what a scheduled decode writes, for every stage-1
+        /// variant that schedules (rows of a job 16 to 64; the mma kernel with one row group
+        /// runs two CTAs an SM): the grid's most pieces (jobs + CTAs, what the backend
+        /// checks), the schedule's real slots, and its integers.
+        #[test]
+        fn the_scheduled_workspace_holds_every_schedule(
+            lens in proptest::collection::vec(0usize..20_000, 1..40),
+            heads in proptest::sample::select(vec![1usize, 16, 24, 64, 128, 256]),
+            job_rows in proptest::sample::select(vec![16usize, 32, 48, 64]),
+            sms in 1usize..140,
+        ) {
+            use proptest::prelude::prop_assert;
+            let ctas = sms * if job_rows == 16 { 2 } else { 1 };
+            let head_blocks = heads.div_ceil(job_rows);
+            let blocks: Vec<usize> = lens
+                .iter()
+                .flat_map(|&l| std::iter::repeat_n(l.div_ceil(64), head_blocks))
+                .collect();
+            let jobs = blocks.len();
+            let s = schedule::Schedule::build(&blocks, ctas, schedule::SEGMENT_COST, schedule::MIN_BLOCKS);
+            let slots: usize = s.splits.iter().sum();
+            let ([o, lse, ints], total) = scheduled_workspace(lens.len(), heads, 512, sms).unwrap();
+            prop_assert!(slots <= jobs + ctas);
+            prop_assert!((jobs + ctas) * job_rows * 4 <= lse.bytes);
+            prop_assert!((jobs + ctas) * job_rows * 512 * 4 <= o.bytes);
+            prop_assert!((4 * jobs + 1 + 2 * (ctas + 1) + 1) * 4 <= ints.bytes);
+            prop_assert!(ints.offset + ints.bytes <= total);
+        }
+    }
 
     #[test]
     fn a_cache_is_checked_for_place_dtype_and_shape_before_anything_reads_it() {

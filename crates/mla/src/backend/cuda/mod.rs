@@ -52,6 +52,10 @@ pub struct CudaBackend {
     ordinal: usize,
     target: Target,
     smem_limit: usize,
+    sm_count: usize,
+    /// Whether single-token decodes take the device-computed schedule (chosen by
+    /// `configure`; docs/scheduler.md).
+    schedule: bool,
     kernels: HashMap<Variant, CudaFunction>,
     /// What `configure` chose for the decoder's configuration.
     chosen: Option<ConfigKernels>,
@@ -109,6 +113,8 @@ impl CudaBackend {
             ordinal,
             target,
             smem_limit,
+            sm_count,
+            schedule: false,
             kernels: HashMap::new(),
             chosen: None,
             builds: Vec::new(),
@@ -224,7 +230,14 @@ impl CudaBackend {
             stage1,
             combine: registry::combine_variant(l, cfg.model_dtype),
         });
+        self.schedule = stage1.decode.schedulable() && registry::schedule_from_env();
         Ok(())
+    }
+
+    /// Whether the configured decoder's single-token decodes take the device-computed
+    /// schedule (docs/scheduler.md) instead of the split grid.
+    pub(crate) fn schedules(&self) -> bool {
+        self.schedule
     }
 
     /// `rule` modelling the token-packing kernels `configure` chose: the wgmma kernel's packed
@@ -270,6 +283,17 @@ impl CudaBackend {
         }
         if max_splits > 1 {
             self.kernel(k.combine)?;
+        }
+        if self.schedule {
+            self.kernel(registry::schedule_variant())?;
+            self.kernel(Variant {
+                scheduled: true,
+                ..k.stage1.decode
+            })?;
+            self.kernel(Variant {
+                scheduled: true,
+                ..k.combine
+            })?;
         }
         Ok(())
     }
@@ -424,6 +448,13 @@ impl CudaBackend {
             .stage1
             .launch(plan.heads, plan.query_len, plan.kv.page_size);
         let params = DecodeParams::new(plan, &ptr, tokens);
+        if let Some(regions) = plan.schedule_workspace
+            && self.schedule
+            && tokens == 1
+            && decode.schedulable()
+        {
+            return self.forward_scheduled(plan, params, decode, k.combine, &regions);
+        }
         // A CTA takes `tokens` query tokens of one request and, of each, a block of heads.
         let ctas = plan.requests
             * plan.query_len.div_ceil(tokens)

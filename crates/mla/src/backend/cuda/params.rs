@@ -138,7 +138,7 @@ pub struct ScheduleParams {
     pub segment_cost: i32,
     pub min_blocks: i32,
     pub jobs: i32,
-    pub pad: i32,
+    pub job_rows: i32,
     pub line: u64,
     pub begin: u64,
     pub first_cta: u64,

@@ -11,7 +11,7 @@ use crate::dtype::{KvFormat, ModelDtype};
 use crate::plan::splits;
 
 /// Every kernel source, by the name the `#include` lines use.
-pub const HEADERS: [(&str, &str); 8] = [
+pub const HEADERS: [(&str, &str); 9] = [
     ("params.cuh", include_str!("../../../kernels/params.cuh")),
     (
         "common/half.cuh",
@@ -40,6 +40,10 @@ pub const HEADERS: [(&str, &str); 8] = [
     (
         "common/tma.cuh",
         include_str!("../../../kernels/common/tma.cuh"),
+    ),
+    (
+        "common/schedule.cuh",
+        include_str!("../../../kernels/common/schedule.cuh"),
     ),
 ];
 
@@ -136,6 +140,10 @@ pub struct Variant {
     /// The wgmma kernel's variant for packed query tokens (`MLA_PACK`): each row masks to
     /// its own keys. The other variant keeps one token's simpler loop.
     pub packed: bool,
+    /// The scheduled variant (`MLA_SCHED`, docs/scheduler.md) of a stage-1 kernel that takes
+    /// one token a CTA (mma, unpacked wgmma) or of the combine: it reads the schedule the
+    /// scheduler kernel computed on the device, a CTA per piece.
+    pub scheduled: bool,
 }
 
 impl Variant {
@@ -166,7 +174,30 @@ impl Variant {
             ]),
             Family::Combine | Family::Schedule => {}
         }
+        if self.scheduled {
+            d.push("-DMLA_SCHED=1".to_string());
+        }
         d
+    }
+
+    /// Whether a scheduled twin of this variant exists: the stage-1 kernels that take one
+    /// query token a CTA (mma, the unpacked wgmma kernel), whose jobs are the schedule's.
+    pub fn schedulable(&self) -> bool {
+        match self.family {
+            Family::DecodeMma => true,
+            Family::DecodeWgmma => !self.packed,
+            _ => false,
+        }
+    }
+
+    /// CTAs of this stage-1 variant an SM holds (its launch bounds): two of the mma kernel
+    /// with one row group, else one. A schedule shares its cost line among SMs x this.
+    pub fn ctas_per_sm(&self) -> usize {
+        if self.family == Family::DecodeMma && self.row_warps == 1 {
+            2
+        } else {
+            1
+        }
     }
 
     /// Heads of a query token a CTA takes (of `heads`): all of them in the packed wgmma and
@@ -296,6 +327,12 @@ impl KernelChoice {
     }
 }
 
+/// Whether single-token decodes take the device-computed schedule (docs/scheduler.md) instead
+/// of the split grid: `MLA_SCHEDULE=1` yes, `0` no, unset the default (no).
+pub fn schedule_from_env() -> bool {
+    matches!(std::env::var("MLA_SCHEDULE").as_deref(), Ok("1"))
+}
+
 /// What a decoder's kernels are specialized on: the widths and the dtypes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelShape {
@@ -331,6 +368,7 @@ impl KernelShape {
             row_warps,
             stages,
             packed: false,
+            scheduled: false,
         }
     }
 }
@@ -508,6 +546,7 @@ pub fn combine_variant(kv_lora_rank: usize, model: ModelDtype) -> Variant {
         row_warps: 0,
         stages: 0,
         packed: false,
+        scheduled: false,
     }
 }
 
@@ -545,17 +584,34 @@ pub fn all_variants(smem_limit: usize, wgmma: bool) -> Vec<Variant> {
                 if let Some(v) = mma_variant(heads, KernelShape::deepseek(model, kv), smem_limit)
                     && !out.contains(&v)
                 {
-                    out.push(v);
+                    out.extend([
+                        v,
+                        Variant {
+                            scheduled: true,
+                            ..v
+                        },
+                    ]);
                 }
             }
             if wgmma && let Some(v) = wgmma_variant(KernelShape::deepseek(model, kv), smem_limit) {
-                out.extend([v, Variant { packed: true, ..v }]);
+                let scheduled = Variant {
+                    scheduled: true,
+                    ..v
+                };
+                out.extend([v, scheduled, Variant { packed: true, ..v }]);
             }
             if wgmma && let Some(v) = narrow_variant(KernelShape::deepseek(model, kv), smem_limit) {
                 out.push(v);
             }
         }
-        out.push(combine_variant(512, model));
+        let combine = combine_variant(512, model);
+        out.extend([
+            combine,
+            Variant {
+                scheduled: true,
+                ..combine
+            },
+        ]);
     }
     out.push(schedule_variant());
     out
@@ -619,6 +675,50 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn every_schedulable_variant_has_a_scheduled_twin_that_precompile_builds() {
+        for (major, minor) in [(8, 0), (8, 9), (9, 0)] {
+            let all = all_variants(smem_limit_of_arch(major, minor), (major, minor) == (9, 0));
+            for v in &all {
+                let sched = v.defines().contains(&"-DMLA_SCHED=1".to_string());
+                assert_eq!(sched, v.scheduled, "{v}");
+                let twin = Variant {
+                    scheduled: true,
+                    ..*v
+                };
+                if !v.scheduled && (v.schedulable() || v.family == Family::Combine) {
+                    assert!(
+                        all.contains(&twin),
+                        "{major}.{minor}: no scheduled twin of {v}"
+                    );
+                }
+                if v.scheduled {
+                    assert!(v.schedulable() || v.family == Family::Combine, "{v}");
+                }
+            }
+            assert!(all.contains(&schedule_variant()));
+        }
+        // Packed rows and the narrow kernel's keep the split grid: their jobs are not the
+        // schedule's single tokens.
+        let w = wgmma_variant(bf16(KvFormat::Bf16), 232_448).unwrap();
+        assert!(w.schedulable() && !Variant { packed: true, ..w }.schedulable());
+        assert!(
+            !narrow_variant(bf16(KvFormat::Bf16), 232_448)
+                .unwrap()
+                .schedulable()
+        );
+        // The fill line is shared among the CTAs an SM holds.
+        let mma = |h| mma_variant(h, bf16(KvFormat::Bf16), 232_448).unwrap();
+        assert_eq!(
+            (
+                mma(16).ctas_per_sm(),
+                mma(128).ctas_per_sm(),
+                w.ctas_per_sm()
+            ),
+            (2, 1, 1)
+        );
     }
 
     #[test]

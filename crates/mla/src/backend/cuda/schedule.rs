@@ -1,13 +1,104 @@
-//! The scheduler kernel run on its own, for the tests that hold it to its reference
-//! (`plan::schedule::Schedule::build`). No decode launches it yet (docs/scheduler.md).
+//! The GPU work scheduler (docs/scheduler.md): the scheduled decode (the scheduler kernel,
+//! then a stage-1 CTA per piece of the schedule, then the combine of the split jobs, all on
+//! the stream: no host synchronization), and the scheduler kernel run on its own for the
+//! tests that hold it to its reference (`plan::schedule::Schedule::build`).
 
 use super::params::{DecodeParams, ScheduleParams};
+use super::registry::Variant;
 use super::{CudaBackend, address, ffi, registry};
 use crate::error::{Error, Result};
-use crate::plan::Mask;
-use crate::plan::schedule::{Cursor, Jobs, Schedule};
+use crate::plan::schedule::{Cursor, Jobs, MIN_BLOCKS, SEGMENT_COST, Schedule};
+use crate::plan::workspace::Region;
+use crate::plan::{DecodePlan, Mask};
+
+/// A count as the kernels' i32.
+fn int(v: usize, what: &'static str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Overflow {
+        what,
+        detail: v.to_string(),
+    })
+}
 
 impl CudaBackend {
+    /// Launches a single-token decode on the device-computed schedule: the scheduler kernel
+    /// (from the device's lengths), the scheduled stage-1 variant of `decode` (a CTA per
+    /// piece; the grid holds jobs + CTAs, the most pieces there can be, and the CTAs past the
+    /// last piece exit) and the scheduled `combine`, which merges the jobs cut in pieces.
+    /// `regions`: the plan's scheduled workspace (partials, LSEs, the schedule's integers).
+    pub(super) fn forward_scheduled(
+        &mut self,
+        plan: &DecodePlan,
+        params: DecodeParams,
+        decode: Variant,
+        combine: Variant,
+        regions: &[Region; 3],
+    ) -> Result<()> {
+        let job_rows = decode.heads_per_cta(plan.heads);
+        let head_blocks = plan.heads.div_ceil(job_rows);
+        let jobs = plan.rows * head_blocks;
+        let ctas = self.sm_count * decode.ctas_per_sm();
+        // The integers, in the order `plan::schedule_ints` counts them.
+        let ints = jobs * 4 + 1 + 2 * (ctas + 1) + 1;
+        if ints * 4 > regions[2].bytes || (jobs + ctas) * job_rows * 4 > regions[1].bytes {
+            return Err(Error::Overflow {
+                what: "workspace",
+                detail: format!("a schedule of {jobs} jobs on {ctas} CTAs"),
+            });
+        }
+        let ws = self.workspace_ptr();
+        let int_at = |i: usize| ws + (regions[2].offset + 4 * i) as u64;
+        let sp = ScheduleParams {
+            d: DecodeParams {
+                part_o: ws + regions[0].offset as u64,
+                part_lse: ws + regions[1].offset as u64,
+                ..params
+            },
+            head_blocks: int(head_blocks, "head blocks")?,
+            ctas: int(ctas, "CTAs")?,
+            segment_cost: int(SEGMENT_COST, "segment cost")?,
+            min_blocks: int(MIN_BLOCKS, "fewest blocks")?,
+            jobs: int(jobs, "jobs")?,
+            job_rows: int(job_rows, "rows a job")?,
+            line: int_at(0),
+            begin: int_at(jobs + 1),
+            first_cta: int_at(jobs + 1 + 2 * (ctas + 1)),
+            splits: int_at(2 * jobs + 1 + 2 * (ctas + 1)),
+            first_slot: int_at(3 * jobs + 1 + 2 * (ctas + 1)),
+            share: int_at(4 * jobs + 1 + 2 * (ctas + 1)),
+        };
+        let grid = u32::try_from(jobs + ctas).map_err(|_| Error::Overflow {
+            what: "grid",
+            detail: format!("{jobs} jobs + {ctas} CTAs"),
+        })?;
+        let st = self.stream.clone();
+        let v = registry::schedule_variant();
+        let f = self.kernel(v)?.clone();
+        ffi::launch(&st, &f, (1, 1), (v.threads(), 1), 0, &sp)?;
+        let v = Variant {
+            scheduled: true,
+            ..decode
+        };
+        let f = self.kernel(v)?.clone();
+        ffi::launch(
+            &st,
+            &f,
+            (grid, 1),
+            (v.threads(), 1),
+            v.smem_bytes() as u32,
+            &sp,
+        )?;
+        let v = Variant {
+            scheduled: true,
+            ..combine
+        };
+        let f = self.kernel(v)?.clone();
+        let grid = (
+            int(plan.rows, "rows")? as u32,
+            plan.heads.div_ceil(4) as u32,
+        );
+        ffi::launch(&st, &f, grid, (v.threads(), 1), 0, &sp)
+    }
+
     /// The schedule the device computes for `jobs` (their lengths uploaded first) over `ctas`
     /// CTAs, read back. Waits for the stream.
     ///
@@ -24,12 +115,6 @@ impl CudaBackend {
         let q = jobs.query_len.max(1);
         let pack = jobs.tokens_per_cta.clamp(1, q);
         let count = jobs.seq_lens.len() * q.div_ceil(pack) * jobs.head_blocks;
-        let int = |v: usize, what: &'static str| {
-            i32::try_from(v).map_err(|_| Error::Overflow {
-                what,
-                detail: v.to_string(),
-            })
-        };
         let st = self.stream.clone();
         let driver = Error::driver;
         let seq_lens = st
@@ -54,7 +139,7 @@ impl CudaBackend {
             segment_cost: int(segment_cost, "segment cost")?,
             min_blocks: int(min_blocks, "fewest blocks")?,
             jobs: int(count, "jobs")?,
-            pad: 0,
+            job_rows: 0,
             line: address(&line, &st),
             begin: address(&begin, &st),
             first_cta: address(&first_cta, &st),
