@@ -41,7 +41,7 @@ note "precompile: $(tail -n 1 "$out/precompile.txt")"
 # run_test NAME KERNEL [DEFINES]: one test binary with MLA_KERNEL=KERNEL (empty: as shipped)
 # and MLA_EXTRA_DEFINES=DEFINES.
 run_test() {
-  local t=$1 kernel=$2 defs=${3:-} log="$out/test-$1${2:+-$2}${3:+-try}.log" start rc
+  local t=$1 kernel=$2 defs=${3:-} log="$out/test-$1${2:+-$2}${3:+-try}${MLA_SCHEDULE:+-scheduled}.log" start rc
   start=$(date +%s)
   # A trial gets a short limit: it may hang.
   local lim=$limit
@@ -49,7 +49,7 @@ run_test() {
   MLA_KERNEL=$kernel MLA_EXTRA_DEFINES=$defs timeout "$lim" \
     gpu-bin/tests/$t --nocapture > "$log" 2>&1
   rc=$?
-  note "tests $t${kernel:+ (MLA_KERNEL=$kernel)}${defs:+ ($defs)}: rc=$rc ($(( $(date +%s) - start ))s): $(grep -E '^test result' "$log" | tail -n 1)"
+  note "tests $t${kernel:+ (MLA_KERNEL=$kernel)}${MLA_SCHEDULE:+ (MLA_SCHEDULE=$MLA_SCHEDULE)}${defs:+ ($defs)}: rc=$rc ($(( $(date +%s) - start ))s): $(grep -E '^test result' "$log" | tail -n 1)"
   if [ $rc -ne 0 ]; then
     grep -E -B2 -A12 "panicked|^---- " "$log" | cut -c1-400 | head -n 60
     [ -n "$defs" ] && try_failed=1
