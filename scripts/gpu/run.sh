@@ -234,7 +234,7 @@ if has ablate; then
   # The wgmma kernel with one part switched off at a time, on two problems.
   # MLA_ABLATE_DEFINES (comma-separated) replaces the switches; a trial whose tests failed
   # is left out (it may hang).
-  IFS=, read -r -a sets <<< "${MLA_ABLATE_DEFINES-,-DMLA_EXP_NO_S,-DMLA_EXP_NO_PV,-DMLA_EXP_NO_LOAD}"
+  IFS=, read -r -a sets <<< "${MLA_ABLATE_DEFINES-,-DMLA_EXP_NO_S,-DMLA_EXP_NO_PV,-DMLA_EXP_NO_LOAD,-DMLA_EXP_L2_LOAD}"
   [ "$try_ok" = 1 ] && sets+=("$MLA_TRY_DEFINES")
   for defs in "${sets[@]}"; do
     for shape in "64 64" "128 128" "1 128" "32 128"; do
