@@ -384,7 +384,7 @@ pub fn schedule_ints(rows: usize, heads: usize, sm_count: usize) -> Option<usize
 }
 
 /// The workspace views of a scheduled decode: partial outputs `[slot rows, L]` f32, their
-/// LSEs, and the schedule's i32s (see [`scheduled_rows`] and [`schedule_ints`]).
+/// LSEs, and the schedule's i32s (their sizes: `scheduled_rows` and `schedule_ints`).
 pub fn scheduled_workspace(
     rows: usize,
     heads: usize,
