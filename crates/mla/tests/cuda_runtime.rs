@@ -255,6 +255,16 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         assert_eq!(dec.kernel_name(q_len, 64), launched.entry());
         let built = dec.cuda_backend().unwrap().builds().len();
         assert_eq!(built, families.len(), "forward built a kernel after warmup");
+        // MLA_SCHEDULE=1: the kernels that take one token a CTA (mma, unpacked wgmma) run
+        // on the device-computed schedule; packed tokens and the narrow kernel never do.
+        let one_token =
+            launched == Family::DecodeMma || (launched == Family::DecodeWgmma && !packs);
+        let scheduled = registry::schedule_from_env() && one_token;
+        assert_eq!(
+            dec.cuda_backend().unwrap().scheduled_decodes() > 0,
+            scheduled,
+            "{heads} heads, {kv:?}, {q_len} tokens on {launched:?}"
+        );
     }
 }
 

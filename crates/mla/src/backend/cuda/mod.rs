@@ -52,6 +52,8 @@ pub struct CudaBackend {
     ordinal: usize,
     target: Target,
     smem_limit: usize,
+    /// The SMs a schedule shares its work among: the configuration's (the device's, or its
+    /// `split_units` override), which also sized the workspace.
     sm_count: usize,
     /// Whether single-token decodes take the device-computed schedule (chosen by
     /// `configure`; docs/scheduler.md).
@@ -65,6 +67,8 @@ pub struct CudaBackend {
     error_flag: CudaSlice<u32>,
     /// The narrow kernel's tensor map of the cache, encoded once per cache.
     kv_maps: tma::MapCache,
+    /// Decodes launched on the device-computed schedule (what the tests check it ran).
+    scheduled_decodes: u64,
 }
 
 impl CudaBackend {
@@ -121,6 +125,7 @@ impl CudaBackend {
             workspace: None,
             error_flag,
             kv_maps: tma::MapCache::default(),
+            scheduled_decodes: 0,
         };
         Ok((backend, info))
     }
@@ -231,6 +236,7 @@ impl CudaBackend {
             combine: registry::combine_variant(l, cfg.model_dtype),
         });
         self.schedule = stage1.decode.schedulable() && registry::schedule_from_env();
+        self.sm_count = cfg.sm_count;
         Ok(())
     }
 
@@ -238,6 +244,11 @@ impl CudaBackend {
     /// schedule (docs/scheduler.md) instead of the split grid.
     pub(crate) fn schedules(&self) -> bool {
         self.schedule
+    }
+
+    /// How many decodes this backend launched on the device-computed schedule.
+    pub fn scheduled_decodes(&self) -> u64 {
+        self.scheduled_decodes
     }
 
     /// `rule` modelling the token-packing kernels `configure` chose: the wgmma kernel's packed

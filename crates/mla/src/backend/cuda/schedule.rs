@@ -96,7 +96,9 @@ impl CudaBackend {
             int(plan.rows, "rows")? as u32,
             plan.heads.div_ceil(4) as u32,
         );
-        ffi::launch(&st, &f, grid, (v.threads(), 1), 0, &sp)
+        ffi::launch(&st, &f, grid, (v.threads(), 1), 0, &sp)?;
+        self.scheduled_decodes += 1;
+        Ok(())
     }
 
     /// The schedule the device computes for `jobs` (their lengths uploaded first) over `ctas`
