@@ -43,6 +43,11 @@ struct DecodeParams {
 };
 static_assert(sizeof(DecodeParams) == 216, "DecodeParams must match src/backend/cuda/params.rs");
 
+/// 1: the kernel is the scheduled variant of its family (its argument is a ScheduleParams).
+#ifndef MLA_SCHED
+#define MLA_SCHED 0
+#endif
+
 /// The work schedule of a decode (docs/scheduler.md), computed on the device by
 /// kernels/schedule/kernel.cu, and the argument of the scheduled stage-1 and combine variants
 /// (`MLA_SCHED`), which read it (mirrored by `ScheduleParams` in src/backend/cuda/params.rs).

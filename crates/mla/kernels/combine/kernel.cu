@@ -28,10 +28,6 @@ constexpr float LN2 = 0.69314718055994530942f;
 static_assert(L % 128 == 0, "L must be a multiple of 128");
 }  // namespace
 
-#ifndef MLA_SCHED
-#define MLA_SCHED 0
-#endif
-
 #if MLA_SCHED
 extern "C" __global__ void __launch_bounds__(128) mla_decode_combine(const ScheduleParams sp) {
     const DecodeParams& p = sp.d;

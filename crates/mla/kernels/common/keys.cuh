@@ -57,12 +57,19 @@ __device__ __forceinline__ i64 split_slot(const DecodeParams& p, int row, int he
     return ((i64)row * p.num_kv_splits + blockIdx.y) * p.heads + head;
 }
 
+/// Where the split grid's CTA (split blockIdx.y) writes row `row`, head `head`: o and lse
+/// with one split (-1), else the split's workspace row.
+__device__ __forceinline__ i64 grid_at(const DecodeParams& p, int row, int head) {
+    return p.num_kv_splits == 1 ? -1 : split_slot(p, row, head);
+}
+
 /// Output pairs i = 0 .. PAIRS - 1 of row `row`, head `head`, at latent columns col0 +
 /// STRIDE i, valued value(i, 0) and value(i, 1): rounded into o when `at` < 0 (one split),
-/// else a normalized partial (f32) into the workspace's row `at`.
+/// else a normalized partial (f32) into the workspace's row `at` (grid_at, or
+/// common/schedule.cuh's piece_at).
 template <bool BF16, int L, int PAIRS, int STRIDE, typename Value>
-__device__ __forceinline__ void store_pairs_at(const DecodeParams& p, i64 at, int row, int head, int col0,
-                                               Value value) {
+__device__ __forceinline__ void store_pairs(const DecodeParams& p, i64 at, int row, int head, int col0,
+                                            Value value) {
     if (at < 0) {
         u16* o = (u16*)p.o + row * p.o_row + head * p.o_head + col0;
 #pragma unroll
@@ -75,29 +82,12 @@ __device__ __forceinline__ void store_pairs_at(const DecodeParams& p, i64 at, in
 }
 
 /// The LSE (natural log) of row `row`, head `head`: to lse when `at` < 0, else the partial's.
-__device__ __forceinline__ void store_lse_at(const DecodeParams& p, i64 at, int row, int head, float lse) {
+__device__ __forceinline__ void store_lse(const DecodeParams& p, i64 at, int row, int head, float lse) {
     if (at < 0) {
         p.lse[row * p.lse_row + head] = lse;
     } else {
         p.part_lse[at] = lse;
     }
-}
-
-/// Where the split grid's CTA (split blockIdx.y) writes row `row`, head `head`: o and lse
-/// with one split (-1), else the split's workspace row.
-__device__ __forceinline__ i64 grid_at(const DecodeParams& p, int row, int head) {
-    return p.num_kv_splits == 1 ? -1 : split_slot(p, row, head);
-}
-
-/// store_pairs_at for the split grid.
-template <bool BF16, int L, int PAIRS, int STRIDE, typename Value>
-__device__ __forceinline__ void store_pairs(const DecodeParams& p, int row, int head, int col0, Value value) {
-    store_pairs_at<BF16, L, PAIRS, STRIDE>(p, grid_at(p, row, head), row, head, col0, value);
-}
-
-/// store_lse_at for the split grid.
-__device__ __forceinline__ void store_lse(const DecodeParams& p, int row, int head, float lse) {
-    store_lse_at(p, grid_at(p, row, head), row, head, lse);
 }
 
 /// A row whose keys all fall outside its (single) split: o = 0 and lse = -inf for heads

@@ -60,7 +60,6 @@ __device__ __forceinline__ KeyRange piece_keys(KeyRange job, const Piece& pc) {
 /// scheduled, the split grid's row otherwise.
 __device__ __forceinline__ i64 piece_at(const DecodeParams& p, const Piece& pc, int job_rows, int r, int row,
                                         int head) {
-    if (pc.splits == 1) return -1;
-    if (pc.slot < 0) return split_slot(p, row, head);
-    return (i64)pc.slot * job_rows + r;
+    if (pc.slot < 0) return grid_at(p, row, head);
+    return pc.splits == 1 ? -1 : (i64)pc.slot * job_rows + r;
 }

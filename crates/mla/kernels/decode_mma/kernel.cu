@@ -51,10 +51,6 @@ constexpr int MW = MLA_MW;
 constexpr int ROWS = 16 * MW;
 constexpr int BN = MLA_BN;
 constexpr int STAGES = MLA_STAGES;
-#ifndef MLA_SCHED
-#define MLA_SCHED 0
-#endif
-#define SCHED MLA_SCHED  // 1: the CTAs take the pieces of a device-computed schedule
 constexpr int NW = 4;                       // warps per row group
 constexpr int THREADS = 32 * NW * MW;
 constexpr int DP = D + 8;                   // padded shared row: 8 rows hit 8 distinct 16-byte bank groups
@@ -173,7 +169,7 @@ __device__ __forceinline__ const u16* convert_tile(const Smem& sm, int s, float 
 
 // One row group: two CTAs per SM (the host picks a ring that leaves room for both). More row
 // groups have too many threads for two CTAs' registers.
-#if SCHED
+#if MLA_SCHED
 // Scheduled: CTA i computes the schedule's piece i (common/schedule.cuh); past the last, nothing.
 extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decode_split(const ScheduleParams sp) {
     const DecodeParams& p = sp.d;
@@ -371,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decod
         if (head >= p.heads) continue;
         const int col0 = wc * COLS_W + 2 * c;
         const i64 at = piece_at(p, pc, ROWS, head - head0, row, head);
-        store_pairs_at<BF16, L, NT_O, 8>(p, at, row, head, col0, [&](int i, int e) { return o[i][2 * h + e] * inv[h]; });
-        if (wc == 0 && c == 0) store_lse_at(p, at, row, head, lse[h]);
+        store_pairs<BF16, L, NT_O, 8>(p, at, row, head, col0, [&](int i, int e) { return o[i][2 * h + e] * inv[h]; });
+        if (wc == 0 && c == 0) store_lse(p, at, row, head, lse[h]);
     }
 }

@@ -512,7 +512,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
         const f32x4 v = *(const f32x4*)(out + c * LP + col);
         const float o[4] = {v.x * inv, v.y * inv, v.z * inv, v.w * inv};
         const int row = cols.row(c), head = cols.head(c), at_col = HALF * wg + col;
-        store_pairs<BF16, L, 2, 2>(p, row, head, at_col, [&](int i, int e) { return o[2 * i + e]; });
-        if (at_col == 0) store_lse(p, row, head, (sm.maxima(wg)[c] + log2_approx(sum)) * LN2);
+        const i64 at = grid_at(p, row, head);
+        store_pairs<BF16, L, 2, 2>(p, at, row, head, at_col, [&](int i, int e) { return o[2 * i + e]; });
+        if (at_col == 0) store_lse(p, at, row, head, (sm.maxima(wg)[c] + log2_approx(sum)) * LN2);
     }
 }

@@ -71,10 +71,6 @@ constexpr int KV = MLA_KV;
 constexpr bool CONVERT = KV != 0;
 constexpr bool FP8 = KV >= 2;             // fp8 stages raw rows and converts into a tile of its own
 constexpr bool PACK = MLA_PACK != 0;      // rows of several query tokens
-#ifndef MLA_SCHED
-#define MLA_SCHED 0
-#endif
-#define SCHED MLA_SCHED                   // 1: the CTAs take the pieces of a device-computed schedule
 constexpr int KV_ELEM = FP8 ? 1 : 2;      // bytes per cache element
 constexpr int KEY_PIECES = D * KV_ELEM / 16;  // 16-byte pieces per cache row
 constexpr int TILE_BYTES = M * D * 2;     // q, a swizzled key tile (BN == M)
@@ -90,7 +86,7 @@ constexpr int COLS = L / 2;            // output columns per warpgroup
 static_assert(L == 512, "two warpgroups of m64n256 cover L = 512");
 static_assert(D % 64 == 0, "rows must be whole 64-column chunks");
 static_assert(KV >= 0 && KV <= 3, "cache format code");
-static_assert(!(SCHED && PACK), "the schedule's jobs are single tokens here");
+static_assert(!(MLA_SCHED && PACK), "the schedule's jobs are single tokens here");
 
 struct Smem {
     unsigned char* base;  // 1024-byte aligned
@@ -280,7 +276,7 @@ __device__ __forceinline__ void pv_step(float (&o)[COLS / 2], const Smem& sm, in
 }  // namespace
 
 // One CTA per SM: the accumulators take 128 registers a thread and the tiles 226 KB.
-#if SCHED
+#if MLA_SCHED
 // Scheduled: CTA i computes the schedule's piece i (common/schedule.cuh); past the last, nothing.
 extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const ScheduleParams sp) {
     const DecodeParams& p = sp.d;
@@ -448,7 +444,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
         const int row = rows.row(r), head = rows.head(r);
         const int col0 = wg * COLS + 2 * (lane % 4);
         const i64 at = piece_at(p, pc, M, r, row, head);
-        store_pairs_at<BF16, L, COLS / 8, 8>(p, at, row, head, col0, [&](int j, int e) { return o[4 * j + 2 * h + e] * inv[h]; });
-        if (wg == 0 && lane % 4 == 0) store_lse_at(p, at, row, head, lse[h]);
+        store_pairs<BF16, L, COLS / 8, 8>(p, at, row, head, col0, [&](int j, int e) { return o[4 * j + 2 * h + e] * inv[h]; });
+        if (wg == 0 && lane % 4 == 0) store_lse(p, at, row, head, lse[h]);
     }
 }

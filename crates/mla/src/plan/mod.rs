@@ -8,8 +8,8 @@
 //! - [`extents`]: which keys each query row sees.
 //! - [`splits`]: the split count and each split's keys.
 //! - [`workspace`]: the locked scratch buffer and its aligned views.
-//! - [`schedule`]: the work schedule of a persistent decode (the GPU scheduler's reference;
-//!   not used by a kernel yet).
+//! - [`schedule`]: the work schedule of a scheduled GPU decode (the GPU scheduler's
+//!   reference).
 
 pub mod extents;
 pub mod schedule;

@@ -59,8 +59,8 @@ pub enum Family {
     DecodeNarrow,
     /// Stage 2: the ascending merge of the splits.
     Combine,
-    /// The work schedule of a persistent decode, from the device's lengths (not used by a
-    /// decode yet; `plan::schedule` is its reference).
+    /// The work schedule of a scheduled decode (`MLA_SCHEDULE=1`), from the device's
+    /// lengths; `plan::schedule` is its reference.
     Schedule,
 }
 
