@@ -98,7 +98,7 @@ pub struct DecodePlan {
     /// Workspace views of a scheduled decode (when the configuration schedules): partial
     /// outputs and LSEs by piece slot, and the schedule's integers ([`scheduled_workspace`]).
     /// They overlap `workspace`: a decode takes one layout or the other.
-    pub schedule_workspace: Option<[Region; 3]>,
+    pub schedule_workspace: Option<ScheduledViews>,
     /// Bytes the workspace must hold for this call.
     pub workspace_bytes: usize,
 }
@@ -300,9 +300,9 @@ impl DecodePlan {
         let num_kv_splits = cfg.splits(max_seq, rows, inputs.query_len);
         let (workspace, mut workspace_bytes) = decode_workspace(rows, h, num_kv_splits, l)?;
         let schedule_workspace = if cfg.schedules() {
-            let (regions, bytes) = scheduled_workspace(rows, h, l, cfg.sm_count)?;
+            let (views, bytes) = scheduled_workspace(rows, h, l, cfg.sm_count)?;
             workspace_bytes = workspace_bytes.max(bytes);
-            Some(regions)
+            Some(views)
         } else {
             None
         };
@@ -361,49 +361,53 @@ pub fn decode_workspace(
     workspace::layout([o, lse])
 }
 
-/// Rows of partial outputs a scheduled decode of `rows` query rows over `heads` heads may
-/// write on `sm_count` SMs: its slots (fewer than jobs + CTAs, `schedule::Schedule`) times
-/// the rows of a job. A stage-1 CTA takes at most 64 rows and an SM holds at most 64 rows'
-/// worth of CTAs, so jobs x rows <= rows x (heads + 63) and CTAs x rows <= 64 x SMs.
-fn scheduled_rows(rows: usize, heads: usize, sm_count: usize) -> Option<usize> {
-    rows.checked_mul(heads.checked_add(63)?)?
-        .checked_add(sm_count.checked_mul(64)?)
+/// The workspace views of a scheduled decode, and the SM count they were sized for (the
+/// backend shares the schedule among that many SMs' CTAs, so the two always agree).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScheduledViews {
+    /// Partial outputs `[slot rows, L]` f32.
+    pub partial_o: Region,
+    /// Their LSEs `[slot rows]` f32.
+    pub partial_lse: Region,
+    /// The schedule's i32s ([`schedule::ScheduledGrid::int_offsets`]).
+    pub ints: Region,
+    /// SMs the schedule is shared among.
+    pub sm_count: usize,
 }
 
-/// The schedule's integers for `rows` query rows over `heads` heads on `sm_count` SMs: per
-/// job (at most rows x heads / 16, the mma kernel's smallest head block) its start on the cost
-/// line (one more for the end), first CTA, split count and first slot; per CTA (at most two
-/// an SM) and one more, a (job, block) cursor; the share.
-pub fn schedule_ints(rows: usize, heads: usize, sm_count: usize) -> Option<usize> {
-    let jobs = rows.checked_mul(heads.div_ceil(16))?;
-    let ctas = sm_count.checked_mul(2)?;
-    jobs.checked_mul(4)?
-        .checked_add(1)?
-        .checked_add(ctas.checked_add(1)?.checked_mul(2)?)?
-        .checked_add(1)
-}
-
-/// The workspace views of a scheduled decode: partial outputs `[slot rows, L]` f32, their
-/// LSEs, and the schedule's i32s (their sizes: `scheduled_rows` and `schedule_ints`).
+/// The workspace views of a scheduled decode of `rows` query rows over `heads` heads on
+/// `sm_count` SMs, for any stage-1 kernel that schedules, and the bytes they take. A CTA takes
+/// 16 to 64 heads and an SM at most 64 heads' worth of CTAs, so a grid's slot rows
+/// ([`schedule::ScheduledGrid::partial_rows`]) are at most rows x (heads + 63) + 64 x SMs,
+/// and its integers at most those of 16-head jobs on two CTAs an SM.
 pub fn scheduled_workspace(
     rows: usize,
     heads: usize,
     kv_lora_rank: usize,
     sm_count: usize,
-) -> Result<([Region; 3], usize)> {
+) -> Result<(ScheduledViews, usize)> {
     let sizes = (|| {
-        let lse = scheduled_rows(rows, heads, sm_count)?.checked_mul(4)?;
-        Some([
-            lse.checked_mul(kv_lora_rank)?,
-            lse,
-            schedule_ints(rows, heads, sm_count)?.checked_mul(4)?,
-        ])
+        let slot_rows = rows
+            .checked_mul(heads.checked_add(63)?)?
+            .checked_add(sm_count.checked_mul(64)?)?;
+        let lse = slot_rows.checked_mul(4)?;
+        // The most integers: 16-head jobs, two CTAs an SM (no larger than the slot rows just
+        // checked, so they cannot overflow).
+        let ints = schedule::ScheduledGrid::new(rows, heads, 16, 2, sm_count).ints();
+        Some([lse.checked_mul(kv_lora_rank)?, lse, ints.checked_mul(4)?])
     })()
     .ok_or_else(|| Error::Overflow {
         what: "workspace",
         detail: format!("a schedule of {rows} rows x {heads} heads on {sm_count} SMs"),
     })?;
-    workspace::layout(sizes)
+    let ([partial_o, partial_lse, ints], bytes) = workspace::layout(sizes)?;
+    let views = ScheduledViews {
+        partial_o,
+        partial_lse,
+        ints,
+        sm_count,
+    };
+    Ok((views, bytes))
 }
 
 /// The longest length in host seq_lens; an error for a negative one.
@@ -584,20 +588,26 @@ mod tests {
             sms in 1usize..140,
         ) {
             use proptest::prelude::prop_assert;
-            let ctas = sms * if job_rows == 16 { 2 } else { 1 };
+            let per_sm = if job_rows == 16 { 2 } else { 1 };
+            let g = schedule::ScheduledGrid::new(lens.len(), heads, job_rows, per_sm, sms);
             let head_blocks = heads.div_ceil(job_rows);
             let blocks: Vec<usize> = lens
                 .iter()
                 .flat_map(|&l| std::iter::repeat_n(l.div_ceil(64), head_blocks))
                 .collect();
-            let jobs = blocks.len();
+            let (jobs, ctas) = (blocks.len(), sms * per_sm);
+            prop_assert!(jobs == g.jobs && ctas == g.ctas && head_blocks == g.head_blocks);
             let s = schedule::Schedule::build(&blocks, ctas, schedule::SEGMENT_COST, schedule::MIN_BLOCKS);
             let slots: usize = s.splits.iter().sum();
-            let ([o, lse, ints], total) = scheduled_workspace(lens.len(), heads, 512, sms).unwrap();
+            let (v, total) = scheduled_workspace(lens.len(), heads, 512, sms).unwrap();
+            let (o, lse, ints) = (v.partial_o, v.partial_lse, v.ints);
+            prop_assert!(v.sm_count == sms);
             prop_assert!(slots <= jobs + ctas);
-            prop_assert!((jobs + ctas) * job_rows * 4 <= lse.bytes);
-            prop_assert!((jobs + ctas) * job_rows * 512 * 4 <= o.bytes);
-            prop_assert!((4 * jobs + 1 + 2 * (ctas + 1) + 1) * 4 <= ints.bytes);
+            prop_assert!((jobs + ctas) * job_rows == g.partial_rows());
+            prop_assert!(g.partial_rows() * 4 <= lse.bytes);
+            prop_assert!(g.partial_rows() * 512 * 4 <= o.bytes);
+            prop_assert!((4 * jobs + 1 + 2 * (ctas + 1) + 1) == g.ints());
+            prop_assert!(g.ints() * 4 <= ints.bytes);
             prop_assert!(ints.offset + ints.bytes <= total);
         }
     }

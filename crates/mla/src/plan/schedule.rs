@@ -239,6 +239,68 @@ pub fn job_blocks(start: usize, end: usize) -> usize {
     }
 }
 
+/// The shape of a scheduled decode on the GPU (kernels/common/schedule.cuh): its jobs (a
+/// query row and a block of `job_rows` heads each), the CTAs the cost line is shared among,
+/// and from those the workspace it needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScheduledGrid {
+    /// Jobs: query rows x head blocks.
+    pub jobs: usize,
+    /// Head blocks of a query row (jobs a row takes).
+    pub head_blocks: usize,
+    /// CTAs the cost line is shared among: the CTAs the device holds at once.
+    pub ctas: usize,
+    /// Heads of a stage-1 CTA: a partial slot's rows.
+    pub job_rows: usize,
+}
+
+impl ScheduledGrid {
+    /// A decode of `rows` query rows over `heads` heads by a stage-1 kernel of `job_rows`
+    /// heads a CTA and `ctas_per_sm` CTAs an SM, on `sm_count` SMs.
+    pub fn new(
+        rows: usize,
+        heads: usize,
+        job_rows: usize,
+        ctas_per_sm: usize,
+        sm_count: usize,
+    ) -> Self {
+        let head_blocks = heads.div_ceil(job_rows.max(1));
+        ScheduledGrid {
+            jobs: rows * head_blocks,
+            head_blocks,
+            ctas: sm_count * ctas_per_sm,
+            job_rows,
+        }
+    }
+
+    /// Partial rows the decode may write: its slots (fewer than jobs + CTAs, [`Schedule`])
+    /// of `job_rows` rows each.
+    pub fn partial_rows(&self) -> usize {
+        (self.jobs + self.ctas) * self.job_rows
+    }
+
+    /// Where the schedule's i32 arrays start, in the order the backend lays them out: the
+    /// cost line (jobs + 1), the cursors (2 x (CTAs + 1)), first CTAs, split counts, first
+    /// slots (jobs each), the share (1).
+    pub fn int_offsets(&self) -> [usize; 6] {
+        let begin = self.jobs + 1;
+        let first_cta = begin + 2 * (self.ctas + 1);
+        [
+            0,
+            begin,
+            first_cta,
+            first_cta + self.jobs,
+            first_cta + 2 * self.jobs,
+            first_cta + 3 * self.jobs,
+        ]
+    }
+
+    /// The schedule's i32s in all.
+    pub fn ints(&self) -> usize {
+        self.int_offsets()[5] + 1
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -52,9 +52,6 @@ pub struct CudaBackend {
     ordinal: usize,
     target: Target,
     smem_limit: usize,
-    /// The SMs a schedule shares its work among: the configuration's (the device's, or its
-    /// `split_units` override), which also sized the workspace.
-    sm_count: usize,
     /// Whether single-token decodes take the device-computed schedule (chosen by
     /// `configure`; docs/scheduler.md).
     schedule: bool,
@@ -117,7 +114,6 @@ impl CudaBackend {
             ordinal,
             target,
             smem_limit,
-            sm_count,
             schedule: false,
             kernels: HashMap::new(),
             chosen: None,
@@ -236,7 +232,6 @@ impl CudaBackend {
             combine: registry::combine_variant(l, cfg.model_dtype),
         });
         self.schedule = stage1.decode.schedulable() && registry::schedule_from_env();
-        self.sm_count = cfg.sm_count;
         Ok(())
     }
 
@@ -459,12 +454,12 @@ impl CudaBackend {
             .stage1
             .launch(plan.heads, plan.query_len, plan.kv.page_size);
         let params = DecodeParams::new(plan, &ptr, tokens);
-        if let Some(regions) = plan.schedule_workspace
-            && self.schedule
+        // The plan has scheduled views only where this backend schedules (`schedules`).
+        if let Some(views) = plan.schedule_workspace
             && tokens == 1
             && decode.schedulable()
         {
-            return self.forward_scheduled(plan, params, decode, k.combine, &regions);
+            return self.forward_scheduled(plan, params, decode, k.combine, &views);
         }
         // A CTA takes `tokens` query tokens of one request and, of each, a block of heads.
         let ctas = plan.requests

@@ -7,9 +7,8 @@ use super::params::{DecodeParams, ScheduleParams};
 use super::registry::Variant;
 use super::{CudaBackend, address, ffi, registry};
 use crate::error::{Error, Result};
-use crate::plan::schedule::{Cursor, Jobs, MIN_BLOCKS, SEGMENT_COST, Schedule};
-use crate::plan::workspace::Region;
-use crate::plan::{DecodePlan, Mask};
+use crate::plan::schedule::{Cursor, Jobs, MIN_BLOCKS, SEGMENT_COST, Schedule, ScheduledGrid};
+use crate::plan::{DecodePlan, Mask, ScheduledViews};
 
 /// A count as the kernels' i32.
 fn int(v: usize, what: &'static str) -> Result<i32> {
@@ -24,47 +23,52 @@ impl CudaBackend {
     /// (from the device's lengths), the scheduled stage-1 variant of `decode` (a CTA per
     /// piece; the grid holds jobs + CTAs, the most pieces there can be, and the CTAs past the
     /// last piece exit) and the scheduled `combine`, which merges the jobs cut in pieces.
-    /// `regions`: the plan's scheduled workspace (partials, LSEs, the schedule's integers).
+    /// `views`: the plan's scheduled workspace (partials, LSEs, the schedule's integers, and
+    /// the SM count they were sized for).
     pub(super) fn forward_scheduled(
         &mut self,
         plan: &DecodePlan,
         params: DecodeParams,
         decode: Variant,
         combine: Variant,
-        regions: &[Region; 3],
+        views: &ScheduledViews,
     ) -> Result<()> {
-        let job_rows = decode.heads_per_cta(plan.heads);
-        let head_blocks = plan.heads.div_ceil(job_rows);
-        let jobs = plan.rows * head_blocks;
-        let ctas = self.sm_count * decode.ctas_per_sm();
-        // The integers, in the order `plan::schedule_ints` counts them.
-        let ints = jobs * 4 + 1 + 2 * (ctas + 1) + 1;
-        if ints * 4 > regions[2].bytes || (jobs + ctas) * job_rows * 4 > regions[1].bytes {
+        let g = ScheduledGrid::new(
+            plan.rows,
+            plan.heads,
+            decode.heads_per_cta(plan.heads),
+            decode.ctas_per_sm(),
+            views.sm_count,
+        );
+        let (jobs, ctas) = (g.jobs, g.ctas);
+        if g.ints() * 4 > views.ints.bytes || g.partial_rows() * 4 > views.partial_lse.bytes {
             return Err(Error::Overflow {
                 what: "workspace",
                 detail: format!("a schedule of {jobs} jobs on {ctas} CTAs"),
             });
         }
         let ws = self.workspace_ptr();
-        let int_at = |i: usize| ws + (regions[2].offset + 4 * i) as u64;
+        let [line, begin, first_cta, splits, first_slot, share] = g
+            .int_offsets()
+            .map(|i| ws + (views.ints.offset + 4 * i) as u64);
         let sp = ScheduleParams {
             d: DecodeParams {
-                part_o: ws + regions[0].offset as u64,
-                part_lse: ws + regions[1].offset as u64,
+                part_o: ws + views.partial_o.offset as u64,
+                part_lse: ws + views.partial_lse.offset as u64,
                 ..params
             },
-            head_blocks: int(head_blocks, "head blocks")?,
+            head_blocks: int(g.head_blocks, "head blocks")?,
             ctas: int(ctas, "CTAs")?,
             segment_cost: int(SEGMENT_COST, "segment cost")?,
             min_blocks: int(MIN_BLOCKS, "fewest blocks")?,
             jobs: int(jobs, "jobs")?,
-            job_rows: int(job_rows, "rows a job")?,
-            line: int_at(0),
-            begin: int_at(jobs + 1),
-            first_cta: int_at(jobs + 1 + 2 * (ctas + 1)),
-            splits: int_at(2 * jobs + 1 + 2 * (ctas + 1)),
-            first_slot: int_at(3 * jobs + 1 + 2 * (ctas + 1)),
-            share: int_at(4 * jobs + 1 + 2 * (ctas + 1)),
+            job_rows: int(g.job_rows, "rows a job")?,
+            line,
+            begin,
+            first_cta,
+            splits,
+            first_slot,
+            share,
         };
         let grid = u32::try_from(jobs + ctas).map_err(|_| Error::Overflow {
             what: "grid",
