@@ -48,6 +48,10 @@ static_assert(sizeof(DecodeParams) == 216, "DecodeParams must match src/backend/
 #define MLA_SCHED 0
 #endif
 
+/// Keys of a block, the schedule's unit of work (plan::schedule::BLOCK), counted from the
+/// block that holds a job's first key.
+constexpr int SCHEDULE_BLOCK = 64;
+
 /// The work schedule of a decode (docs/scheduler.md), computed on the device by
 /// kernels/schedule/kernel.cu, and the argument of the scheduled stage-1 and combine variants
 /// (`MLA_SCHED`), which read it (mirrored by `ScheduleParams` in src/backend/cuda/params.rs).

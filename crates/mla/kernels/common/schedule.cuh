@@ -51,8 +51,8 @@ __device__ __forceinline__ Piece grid_piece(const DecodeParams& p) {
 /// the job's keys; on the split grid, its split's share (common/rows.cuh, split_keys).
 __device__ __forceinline__ KeyRange piece_keys(KeyRange job, const Piece& pc) {
     if (pc.slot < 0) return split_keys(job, pc.split, pc.splits);
-    const int base = job.start - job.start % 64;
-    return {max(job.start, base + 64 * pc.lo), min(job.end, base + 64 * pc.hi)};
+    const int base = job.start - job.start % SCHEDULE_BLOCK;
+    return {max(job.start, base + SCHEDULE_BLOCK * pc.lo), min(job.end, base + SCHEDULE_BLOCK * pc.hi)};
 }
 
 /// Where tile row r (query row `row`, head `head`) of piece `pc` goes: o and lse (-1) when

@@ -318,7 +318,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
         const int r = r0 + 8 * h;
         KeyRange k = keys;
         if (PACK) {
-            k = rows.real(r, p) ? split_keys(token_keys(p, len, rows.token(r)), pc.split, splits) : KeyRange{0, 0};
+            k = rows.real(r, p) ? piece_keys(token_keys(p, len, rows.token(r)), pc) : KeyRange{0, 0};
         }
         lo[h] = k.start;
         hi[h] = k.end;

@@ -17,11 +17,10 @@
 #include "common/rows.cuh"
 #include "params.cuh"
 
-
 namespace {
 
 constexpr int THREADS = 1024;
-constexpr int BLOCK = 64;
+constexpr int BLOCK = SCHEDULE_BLOCK;
 
 /// Exclusive prefix sum of a[0 .. n) in place, by the whole CTA (each thread a contiguous
 /// chunk, the chunks' sums scanned in shared memory); returns the total to every thread.
