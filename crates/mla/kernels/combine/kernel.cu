@@ -8,9 +8,10 @@
  * m' = max(m, lse_s); acc = acc * e^(m - m') + e^(lse_s - m') * o_s; sum likewise. A row with
  * no key at all gets o = 0 and lse = -inf.
  *
- * Scheduled (MLA_SCHED 1: the argument is a ScheduleParams, docs/scheduler.md): row x head's
- * job is row x head_blocks + head / job_rows; a job of one split was written by stage 1,
- * the others' pieces are merged from their slots in order, and an empty piece (lse -inf) is
+ * Scheduled (MLA_SCHED 1: the argument is a ScheduleParams, docs/scheduler.md,
+ * common/schedule.cuh): the schedule's job is the row; a row of one split was written by
+ * stage 1, the others' pieces are merged from their slots in order (slot (first_slot[row] +
+ * split) x head blocks + head block, job_rows rows each), and an empty piece (lse -inf) is
  * skipped.
  *
  * Compile-time configuration: MLA_L (a multiple of 128), MLA_BF16, MLA_SCHED.
@@ -39,10 +40,11 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode_combine(const Decod
     const int head = blockIdx.y * 4 + threadIdx.x / 32;
     if (head >= p.heads) return;
 #if MLA_SCHED
-    const int job = row * sp.head_blocks + head / sp.job_rows;
-    const int splits = sp.splits[job];
+    const int splits = sp.splits[row];
     if (splits == 1) return;  // stage 1 wrote o and lse
-    const i64 first = (i64)sp.first_slot[job] * sp.job_rows + head % sp.job_rows;
+    const int head_blocks = (p.heads + sp.job_rows - 1) / sp.job_rows;
+    const i64 first = ((i64)sp.first_slot[row] * head_blocks + head / sp.job_rows) * sp.job_rows + head % sp.job_rows;
+    const i64 step = (i64)head_blocks * sp.job_rows;  // from one split's slot to the next
 #else
     const int splits = p.num_kv_splits;
     const KeyRange keys = row_keys(p, row, false);  // stage 1 already raised any error
@@ -64,7 +66,7 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode_combine(const Decod
             lse_s[b] = bits_to_float(0xff800000u);  // an empty or missing split weighs 0
 #if MLA_SCHED
             if (s < splits) {
-                const i64 at = first + (i64)s * sp.job_rows;
+                const i64 at = first + s * step;
 #else
             const KeyRange k = split_keys(keys, s, splits);
             if (s < splits && k.start < k.end) {

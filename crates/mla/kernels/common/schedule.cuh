@@ -1,45 +1,55 @@
 /**
  * @file schedule.cuh
- * @brief The scheduled decode's pieces (docs/scheduler.md): what one CTA of a scheduled
- * stage-1 grid computes and where the combine finds it.
+ * @brief The scheduled decode (docs/scheduler.md): which pieces of work a persistent stage-1
+ * CTA takes and where the combine finds their partials.
  *
- * The schedule (kernels/schedule/kernel.cu) gives CTA c of the cost line the (job, block)
- * cursors begin[c] .. begin[c + 1]. Its part of job j, the job's split c - first_cta[j], is
- * one *piece*; the pieces of all jobs, in job order, are numbered by the jobs' first slots
- * (first_slot is the prefix sum of the split counts). A scheduled stage-1 grid launches one
- * CTA per piece (at most jobs + ctas; the CTAs past the last piece exit), so the hardware
- * spreads pieces of about equal cost over the SMs, and a job split in n pieces writes n
- * partial slots that the combine merges in order.
+ * The schedule (kernels/schedule/kernel.cu) lays the jobs (query rows) end to end on a cost
+ * line and gives CTA c the (job, block) cursors begin[c] .. begin[c + 1]. The scheduled grid
+ * is (CTAs, head blocks): CTA (c, y) walks its stretch for head block y, one *piece* per job
+ * it touches (a whole job, or the part of one cut at either end of the stretch), so every
+ * head block of a row reads the row's keys at the same time (they share them in L2). The
+ * piece of job j on CTA c is the job's split c - first_cta[j]; its partials go to slot
+ * first_slot[j] + split (first_slot is the prefix sum of the split counts), for each head
+ * block, and the combine merges a job's slots in order.
  */
 #pragma once
 #include "common/keys.cuh"
 #include "common/rows.cuh"
 #include "params.cuh"
 
-/// Piece `slot` of the schedule: blocks [lo, hi) of job `job` (64 keys a block, counted from
-/// the block that holds the job's first key), its split `split` of `splits`.
+/// A piece of a stage-1 CTA's work: blocks [lo, hi) (64 keys a block, counted from the block
+/// that holds the job's first key) of grid job `job` (row x head blocks + head block, as the
+/// split grid numbers its CTAs), its split `split` of `splits`, partial slot `slot` (-1 on
+/// the split grid, whose CTA is split blockIdx.y of job blockIdx.x).
 struct Piece {
     int job, split, splits, slot, lo, hi;
 };
 
-/// Piece `i` (job -1: past the last piece).
-__device__ __forceinline__ Piece piece_of(const ScheduleParams& sp, int i) {
-    const int last = sp.jobs - 1;
-    if (last < 0 || i >= sp.first_slot[last] + sp.splits[last]) return {-1, 0, 0, 0, 0, 0};
-    int lo = 0, hi = last;  // the last job whose first slot is at or before i
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (sp.first_slot[mid] <= i) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    const int j = lo, split = i - sp.first_slot[j], c = sp.first_cta[j] + split;
+/// CTA c's piece of job j for head block `hb` of `head_blocks`, where j walks from CTA c's
+/// first job on (job -1 once j is past its stretch). A job with no keys is one empty piece.
+/// Everything but j is read again from the schedule, so a persistent CTA carries one
+/// register from piece to piece.
+__device__ __forceinline__ Piece piece_of(const ScheduleParams& sp, int c, int j, int hb, int head_blocks) {
+    const int lo = j == sp.begin[2 * c] ? sp.begin[2 * c + 1] : 0;
+    const int end_job = sp.begin[2 * c + 2], end_block = sp.begin[2 * c + 3];
+    if (j >= sp.jobs || j > end_job || (j == end_job && lo >= end_block)) return {-1, 0, 0, 0, 0, 0};
     const int blocks = sp.line[j + 1] - sp.line[j] - sp.segment_cost;
-    const int b_lo = sp.begin[2 * c] == j ? sp.begin[2 * c + 1] : 0;
-    const int b_hi = sp.begin[2 * c + 2] == j ? sp.begin[2 * c + 3] : blocks;
-    return {j, split, sp.splits[j], i, b_lo, b_hi};
+    const int split = c - sp.first_cta[j];
+    return {j * head_blocks + hb, split, sp.splits[j], (sp.first_slot[j] + split) * head_blocks + hb, lo,
+            j == end_job ? end_block : blocks};
+}
+
+/// A persistent CTA's work: `decode(piece)` for each piece of CTA blockIdx.x's stretch, for
+/// head block blockIdx.y of `head_blocks`, with a barrier after each (the next piece reuses
+/// the shared memory the last one's epilogue read).
+template <typename Decode>
+__device__ __forceinline__ void walk_pieces(const ScheduleParams& sp, int head_blocks, Decode decode) {
+    for (int j = sp.begin[2 * blockIdx.x];; ++j) {
+        const Piece pc = piece_of(sp, blockIdx.x, j, blockIdx.y, head_blocks);
+        if (pc.job < 0) break;
+        decode(pc);
+        __syncthreads();
+    }
 }
 
 /// The split grid's piece (slot -1): job blockIdx.x, split blockIdx.y of the decode's count.

@@ -29,9 +29,10 @@
  *   MLA_MW         row groups per CTA: ROWS = 16 * MW heads
  *   MLA_BN         keys per tile (a multiple of 32)
  *   MLA_STAGES     tiles in the shared-memory ring (2 or more): STAGES - 1 tiles in flight
- *   MLA_SCHED      1: the argument is a ScheduleParams and CTA i computes the schedule's
- *                  piece i (docs/scheduler.md; common/schedule.cuh) instead of split
- *                  blockIdx.y of row x head block blockIdx.x; its partials go to the piece's slot
+ *   MLA_SCHED      1: the argument is a ScheduleParams, the grid (CTAs, head blocks), and
+ *                  CTA (c, y) walks the pieces of its stretch of the schedule for head block
+ *                  y (docs/scheduler.md; common/schedule.cuh) instead of computing split
+ *                  blockIdx.y of row x head block blockIdx.x; partials go to the pieces' slots
  */
 #include "common/fp8.cuh"
 #include "common/keys.cuh"
@@ -165,22 +166,15 @@ __device__ __forceinline__ const u16* convert_tile(const Smem& sm, int s, float 
     return kt;
 }
 
-}  // namespace
-
-// One row group: two CTAs per SM (the host picks a ring that leaves room for both). More row
-// groups have too many threads for two CTAs' registers.
-#if MLA_SCHED
-// Scheduled: CTA i computes the schedule's piece i (common/schedule.cuh); past the last, nothing.
-extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decode_split(const ScheduleParams sp) {
-    const DecodeParams& p = sp.d;
-    const Piece pc = piece_of(sp, blockIdx.x);
-    if (pc.job < 0) return;
-#else
-extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decode_split(const DecodeParams p) {
-    const Piece pc = grid_piece(p);
-#endif
+/// The CTA's shared memory.
+__device__ __forceinline__ Smem shared_layout() {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    const Smem sm{smem_raw};
+    return Smem{smem_raw};
+}
+
+/// One piece of work (common/schedule.cuh): on the split grid the CTA's whole split, in the
+/// scheduled grid one of the pieces on its stretch.
+__device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& sm, const Piece& pc) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int rg = warp / NW, wc = warp % NW;
     const int g = lane / 4, c = lane % 4;  // mma fragment row and column group
@@ -371,3 +365,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decod
         if (wc == 0 && c == 0) store_lse(p, at, row, head, lse[h]);
     }
 }
+
+}  // namespace
+
+// One row group: two CTAs per SM (the host picks a ring that leaves room for both). More row
+// groups have too many threads for two CTAs' registers.
+#if MLA_SCHED
+// Scheduled (grid: CTAs x head blocks): CTA (c, y) walks its stretch of the cost line for
+// head block y, a piece per job it touches (common/schedule.cuh).
+extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decode_split(const ScheduleParams sp) {
+    const Smem sm = shared_layout();
+    walk_pieces(sp, (sp.d.heads + ROWS - 1) / ROWS, [&](const Piece& pc) { decode_piece(sp.d, sm, pc); });
+}
+#else
+extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decode_split(const DecodeParams p) {
+    decode_piece(p, shared_layout(), grid_piece(p));
+}
+#endif
+

@@ -44,9 +44,10 @@
  *   MLA_PACK       1: the CTA's rows are `tokens_per_cta` tokens x heads, each masked to its own
  *                  keys; 0: one token's 64 heads (tokens_per_cta must be 1), whose keys are the
  *                  CTA's (fewer registers and no division in the q loader)
- *   MLA_SCHED      1 (unpacked only): the argument is a ScheduleParams and CTA i computes
- *                  the schedule's piece i (docs/scheduler.md; common/schedule.cuh) instead of
- *                  split blockIdx.y of job blockIdx.x; its partials go to the piece's slot
+ *   MLA_SCHED      1 (unpacked only): the argument is a ScheduleParams, the grid (CTAs, head
+ *                  blocks), and CTA (c, y) walks the pieces of its stretch of the schedule for
+ *                  head block y (docs/scheduler.md; common/schedule.cuh) instead of computing
+ *                  split blockIdx.y of job blockIdx.x; partials go to the pieces' slots
  */
 #include "common/fp8.cuh"
 #include "common/keys.cuh"
@@ -273,21 +274,15 @@ __device__ __forceinline__ void pv_step(float (&o)[COLS / 2], const Smem& sm, in
     wgmma_wait<0>();
 }
 
-}  // namespace
-
-// One CTA per SM: the accumulators take 128 registers a thread and the tiles 226 KB.
-#if MLA_SCHED
-// Scheduled: CTA i computes the schedule's piece i (common/schedule.cuh); past the last, nothing.
-extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const ScheduleParams sp) {
-    const DecodeParams& p = sp.d;
-    const Piece pc = piece_of(sp, blockIdx.x);
-    if (pc.job < 0) return;
-#else
-extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const DecodeParams p) {
-    const Piece pc = grid_piece(p);
-#endif
+/// The CTA's shared memory, aligned for the swizzle atoms.
+__device__ __forceinline__ Smem shared_layout() {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const Smem sm{(unsigned char*)(((u64)smem_raw + ALIGN - 1) & ~(u64)(ALIGN - 1))};
+    return Smem{(unsigned char*)(((u64)smem_raw + ALIGN - 1) & ~(u64)(ALIGN - 1))};
+}
+
+/// One piece of work (common/schedule.cuh): on the split grid the CTA's whole split, in the
+/// scheduled grid one of the pieces on its stretch.
+__device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& sm, const Piece& pc) {
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wg = warp / 4;                          // warpgroup
     const int r0 = (warp % 4) * 16 + lane / 4;        // this thread's rows: r0 and r0 + 8
@@ -448,3 +443,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const 
         if (wg == 0 && lane % 4 == 0) store_lse(p, at, row, head, lse[h]);
     }
 }
+
+}  // namespace
+
+// One CTA per SM: the accumulators take 128 registers a thread and the tiles 226 KB.
+#if MLA_SCHED
+// Scheduled (grid: CTAs x head blocks): CTA (c, y) walks its stretch of the cost line for
+// head block y, a piece per job it touches (common/schedule.cuh).
+extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const ScheduleParams sp) {
+    const Smem sm = shared_layout();
+    walk_pieces(sp, (sp.d.heads + M - 1) / M, [&](const Piece& pc) { decode_piece(sp.d, sm, pc); });
+}
+#else
+extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const DecodeParams p) {
+    decode_piece(p, shared_layout(), grid_piece(p));
+}
+#endif
+

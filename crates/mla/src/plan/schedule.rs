@@ -239,16 +239,18 @@ pub fn job_blocks(start: usize, end: usize) -> usize {
     }
 }
 
-/// The shape of a scheduled decode on the GPU (kernels/common/schedule.cuh): its jobs (a
-/// query row and a block of `job_rows` heads each), the CTAs the cost line is shared among,
-/// and from those the workspace it needs.
+/// The shape of a scheduled decode on the GPU (kernels/common/schedule.cuh): the schedule's
+/// jobs are the query rows (one token a CTA), its CTAs a head block's share of the device, and
+/// the grid is those CTAs times the head blocks, so that a row's head blocks read its keys at
+/// the same time; and from those the workspace it needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScheduledGrid {
-    /// Jobs: query rows x head blocks.
+    /// Jobs: the query rows.
     pub jobs: usize,
-    /// Head blocks of a query row (jobs a row takes).
+    /// Head blocks of a query row (the grid's y).
     pub head_blocks: usize,
-    /// CTAs the cost line is shared among: the CTAs the device holds at once.
+    /// CTAs the cost line is shared among (the grid's x): the CTAs the device holds at once,
+    /// divided among the head blocks (at least 1).
     pub ctas: usize,
     /// Heads of a stage-1 CTA: a partial slot's rows.
     pub job_rows: usize,
@@ -266,17 +268,17 @@ impl ScheduledGrid {
     ) -> Self {
         let head_blocks = heads.div_ceil(job_rows.max(1));
         ScheduledGrid {
-            jobs: rows * head_blocks,
+            jobs: rows,
             head_blocks,
-            ctas: sm_count * ctas_per_sm,
+            ctas: (sm_count * ctas_per_sm / head_blocks.max(1)).max(1),
             job_rows,
         }
     }
 
-    /// Partial rows the decode may write: its slots (fewer than jobs + CTAs, [`Schedule`])
-    /// of `job_rows` rows each.
+    /// Partial rows the decode may write: its slots (fewer than jobs + CTAs, [`Schedule`]),
+    /// each of every head block's `job_rows` rows.
     pub fn partial_rows(&self) -> usize {
-        (self.jobs + self.ctas) * self.job_rows
+        (self.jobs + self.ctas) * self.head_blocks * self.job_rows
     }
 
     /// Where the schedule's i32 arrays start, in the order the backend lays them out: the

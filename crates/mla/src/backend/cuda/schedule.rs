@@ -20,9 +20,9 @@ fn int(v: usize, what: &'static str) -> Result<i32> {
 
 impl CudaBackend {
     /// Launches a single-token decode on the device-computed schedule: the scheduler kernel
-    /// (from the device's lengths), the scheduled stage-1 variant of `decode` (a CTA per
-    /// piece; the grid holds jobs + CTAs, the most pieces there can be, and the CTAs past the
-    /// last piece exit) and the scheduled `combine`, which merges the jobs cut in pieces.
+    /// (from the device's lengths; its jobs are the rows), the scheduled stage-1 variant of
+    /// `decode` (persistent: a CTA per stretch of the cost line and head block, walking its
+    /// pieces) and the scheduled `combine`, which merges the rows cut in pieces.
     /// `views`: the plan's scheduled workspace (partials, LSEs, the schedule's integers, and
     /// the SM count they were sized for).
     pub(super) fn forward_scheduled(
@@ -57,7 +57,7 @@ impl CudaBackend {
                 part_lse: ws + views.partial_lse.offset as u64,
                 ..params
             },
-            head_blocks: int(g.head_blocks, "head blocks")?,
+            head_blocks: 1, // the schedule's jobs are rows; the grid's y is the head block
             ctas: int(ctas, "CTAs")?,
             segment_cost: int(SEGMENT_COST, "segment cost")?,
             min_blocks: int(MIN_BLOCKS, "fewest blocks")?,
@@ -70,10 +70,14 @@ impl CudaBackend {
             first_slot,
             share,
         };
-        let grid = u32::try_from(jobs + ctas).map_err(|_| Error::Overflow {
-            what: "grid",
-            detail: format!("{jobs} jobs + {ctas} CTAs"),
-        })?;
+        let blocks = u32::try_from(g.head_blocks)
+            .ok()
+            .filter(|&y| y <= 65_535)
+            .ok_or_else(|| Error::Overflow {
+                what: "grid",
+                detail: format!("{} head blocks", g.head_blocks),
+            })?;
+        let grid = (int(ctas, "CTAs")? as u32, blocks);
         let st = self.stream.clone();
         let v = registry::schedule_variant();
         let f = self.kernel(v)?.clone();
@@ -83,14 +87,7 @@ impl CudaBackend {
             ..decode
         };
         let f = self.kernel(v)?.clone();
-        ffi::launch(
-            &st,
-            &f,
-            (grid, 1),
-            (v.threads(), 1),
-            v.smem_bytes() as u32,
-            &sp,
-        )?;
+        ffi::launch(&st, &f, grid, (v.threads(), 1), v.smem_bytes() as u32, &sp)?;
         let v = Variant {
             scheduled: true,
             ..combine
