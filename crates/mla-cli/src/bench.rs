@@ -57,6 +57,10 @@ pub struct BenchArgs {
     /// could pick; every case of the run takes it).
     #[arg(long, value_parser = positive)]
     splits: Option<usize>,
+    /// Single-token decodes on the schedule the GPU computes (MlaConfig::device_schedule,
+    /// docs/scheduler.md) instead of the split grid.
+    #[arg(long)]
+    schedule: bool,
     /// Timed runs per case: CPU decodes, or GPU graph replays (default 5; anchors use 10).
     #[arg(long, value_parser = positive)]
     iters: Option<usize>,
@@ -97,6 +101,8 @@ struct Case {
     varlen: bool,
     /// `--splits`: the split count asked for (None: the device's rule).
     fixed_splits: Option<usize>,
+    /// `--schedule`: the device-computed schedule asked for.
+    device_schedule: bool,
 }
 
 /// What a case measured.
@@ -143,13 +149,14 @@ impl BenchArgs {
             window: self.window,
             varlen: self.varlen,
             fixed_splits: self.splits,
+            device_schedule: self.schedule,
         }
     }
 }
 
 /// The default grid: DeepSeek-V3 shapes (576-wide rows, page 64), sized for a CPU, with
-/// `fixed_splits` (`--splits`) for every case.
-fn grid(fixed_splits: Option<usize>) -> Vec<Case> {
+/// `fixed_splits` (`--splits`) and `device_schedule` (`--schedule`) for every case.
+fn grid(fixed_splits: Option<usize>, device_schedule: bool) -> Vec<Case> {
     let mut cases = Vec::new();
     for heads in [16, 128] {
         for kv in ["bf16", "fp8"] {
@@ -165,6 +172,7 @@ fn grid(fixed_splits: Option<usize>) -> Vec<Case> {
                     window: None,
                     varlen: false,
                     fixed_splits,
+                    device_schedule,
                 });
             }
         }
@@ -188,7 +196,7 @@ pub fn run(args: &BenchArgs) -> mla::Result<()> {
     let cases = if args.has_case() {
         vec![args.case()]
     } else {
-        grid(args.splits)
+        grid(args.splits, args.schedule)
     };
     let iters = args.iters.unwrap_or(5);
     let mut progress = Progress::new(cases.len(), args.json);
@@ -224,6 +232,7 @@ fn config(case: &Case) -> mla::Result<(MlaConfig, CacheDtype)> {
     cfg.kv_cache_dtype = cache;
     cfg.sliding_window = case.window;
     cfg.num_kv_splits = case.fixed_splits;
+    cfg.device_schedule = case.device_schedule;
     Ok((cfg, cache))
 }
 

@@ -65,11 +65,14 @@ impl PyMlaDecode {
 #[pymethods]
 impl PyMlaDecode {
     /// A decoder for `num_heads` query heads (times `dcp_world_size`) with softmax `scale`.
-    /// `kv_cache_dtype` takes vLLM's names; `dtype` is the model (query) dtype.
+    /// `kv_cache_dtype` takes vLLM's names; `dtype` is the model (query) dtype;
+    /// `device_schedule` puts single-token decodes on the schedule the GPU computes from the
+    /// lengths (faster when they vary, see MlaConfig::device_schedule).
     #[new]
     #[pyo3(signature = (
         num_heads, scale, kv_cache_dtype = "auto", kv_lora_rank = 512, qk_rope_head_dim = 64,
-        sliding_window = None, batch_invariant = false, dtype = None, dcp_world_size = 1
+        sliding_window = None, batch_invariant = false, dtype = None, dcp_world_size = 1,
+        device_schedule = false
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -82,6 +85,7 @@ impl PyMlaDecode {
         batch_invariant: bool,
         dtype: Option<&Bound<'_, PyAny>>,
         dcp_world_size: usize,
+        device_schedule: bool,
     ) -> PyResult<Self> {
         let mut config = MlaConfig::new(num_heads, scale);
         config.kv_cache_dtype = kv_cache_dtype.parse::<CacheDtype>().map_err(to_py)?;
@@ -90,6 +94,7 @@ impl PyMlaDecode {
         config.sliding_window = sliding_window;
         config.batch_invariant = batch_invariant;
         config.dcp_world_size = dcp_world_size;
+        config.device_schedule = device_schedule;
         if let Some(d) = dtype {
             config.model_dtype = model_dtype(d)?;
         }

@@ -180,17 +180,19 @@ def test_allocates_its_outputs_when_none_are_given():
 
 
 @needs_gpu
-def test_replays_a_captured_graph_with_new_lengths():
-    c = make_case(3, 64, [4000, 4000, 4000], 16, query_len=2)
-    dec = mla_rs.MlaDecode(64, SCALE)
-    dec.reserve_workspace(6, 8192)
+@pytest.mark.parametrize("query_len,device_schedule", [(2, False), (1, True)])
+def test_replays_a_captured_graph_with_new_lengths(query_len, device_schedule):
+    # Single tokens with device_schedule: the GPU recomputes the schedule at each replay.
+    c = make_case(3, 64, [4000, 4000, 4000], 16, query_len=query_len)
+    dec = mla_rs.MlaDecode(64, SCALE, device_schedule=device_schedule)
+    dec.reserve_workspace(3 * query_len, 8192)
     dec.lock_workspace()
     dec.register_decode_warmup(c["kv"], "auto")
     o, lse = poisoned(c, 64)
     seq_lens = c["seq_lens"].clone()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        dec.forward(c["q"], c["kv"], c["block_table"], seq_lens, query_len=2, out=o, lse_out=lse)
+        dec.forward(c["q"], c["kv"], c["block_table"], seq_lens, query_len=query_len, out=o, lse_out=lse)
     for lens in ([1000, 300, 4000], [1, 0, 2500], [4000, 4000, 17]):
         seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         c["block_table"].copy_(c["block_table"][torch.randperm(3, device="cuda")])

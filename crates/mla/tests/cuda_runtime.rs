@@ -259,11 +259,37 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         // on the device-computed schedule; packed tokens and the narrow kernel never do.
         let one_token =
             launched == Family::DecodeMma || (launched == Family::DecodeWgmma && !packs);
-        let scheduled = registry::schedule_from_env() && one_token;
+        let scheduled = registry::schedule_from_env().unwrap_or(false) && one_token;
         assert_eq!(
             dec.cuda_backend().unwrap().scheduled_decodes() > 0,
             scheduled,
             "{heads} heads, {kv:?}, {q_len} tokens on {launched:?}"
+        );
+    }
+}
+
+#[test]
+fn the_configuration_turns_the_device_schedule_on() {
+    // MlaConfig::device_schedule: single-token decodes run on the device-computed schedule
+    // (unless the environment says MLA_SCHEDULE=0), right, on lengths far apart; a
+    // configuration without it stays on the split grid (unless MLA_SCHEDULE=1).
+    let env = registry::schedule_from_env();
+    for (heads, asked) in [(128, true), (16, true), (16, false)] {
+        let case = Case::new(spec(heads, 64, &[5000, 3, 700, 0, 64], 1, Mask::Causal));
+        let mut cfg = case.config();
+        cfg.device_schedule = asked;
+        let Some(mut dec) = gpu::open(&cfg) else {
+            return;
+        };
+        let run = gpu::run_case_on(&mut dec, &case);
+        gpu::assert_close(&case, &run);
+        // The narrow kernel (MLA_KERNEL=narrow at 16 heads) has no scheduled variant.
+        let narrow = dec.kernel_name(1, 64) == Family::DecodeNarrow.entry();
+        let expected = env.unwrap_or(asked) && !narrow;
+        assert_eq!(
+            dec.cuda_backend().unwrap().scheduled_decodes() > 0,
+            expected,
+            "{heads} heads, asked {asked}, MLA_SCHEDULE {env:?}"
         );
     }
 }

@@ -231,7 +231,12 @@ impl CudaBackend {
             stage1,
             combine: registry::combine_variant(l, cfg.model_dtype),
         });
-        self.schedule = stage1.decode.schedulable() && registry::schedule_from_env();
+        // Asked for (the configuration, or the environment over it), under the fill rule (a
+        // fixed or batch-invariant split count stays on the grid), by a kernel that can.
+        let asked = registry::schedule_from_env().unwrap_or(cfg.schedule);
+        self.schedule = asked
+            && matches!(cfg.split_rule, SplitRule::Fill { .. })
+            && stage1.decode.schedulable();
         Ok(())
     }
 

@@ -327,10 +327,14 @@ impl KernelChoice {
     }
 }
 
-/// Whether single-token decodes take the device-computed schedule (docs/scheduler.md) instead
-/// of the split grid: `MLA_SCHEDULE=1` yes, `0` no, unset the default (no).
-pub fn schedule_from_env() -> bool {
-    matches!(std::env::var("MLA_SCHEDULE").as_deref(), Ok("1"))
+/// The environment's override of [`crate::MlaConfig::device_schedule`]: `MLA_SCHEDULE=1`
+/// yes, `0` no, unset (or anything else) the configuration's choice.
+pub fn schedule_from_env() -> Option<bool> {
+    match std::env::var("MLA_SCHEDULE").as_deref() {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    }
 }
 
 /// What a decoder's kernels are specialized on: the widths and the dtypes.
