@@ -3,7 +3,7 @@
 # (scripts/gpu/build.sh) and optionally .anchors/ carried. Writes every log into $OUT (the
 # folder that comes back), or ./results when $OUT is unset. The last lines printed are a
 # summary.
-#   scripts/gpu/run.sh [all|tests|try|memcheck|racecheck|pytest|bench|compare|narrow|schedule|sweep|ablate|profile|dcp|mtp|anchors] ...
+#   scripts/gpu/run.sh [all|tests|try|memcheck|racecheck|pytest|bench|compare|narrow|schedule|cases|sweep|ablate|profile|dcp|mtp|anchors] ...
 # `ablate` times the wgmma kernel with parts switched off (MLA_EXTRA_DEFINES, see
 # kernels/decode_wgmma/NOTES.md); `dcp` runs the two-GPU DCP test and `mla bench --dcp 2`
 # (needs two GPUs).
@@ -211,6 +211,18 @@ if has schedule; then
 64 128 8192 fp8 --varlen
 CASES
   python3 scripts/gpu/compare_table.py "$out/schedule.txt"
+fi
+
+if has cases; then
+  # Chosen cases as shipped (MLA_CASES: "b h ctx kv [more bench arguments]; ..."; --schedule
+  # is one of the bench arguments).
+  IFS=';' read -ra cases <<< "${MLA_CASES:-64 16 8192 fp8; 64 16 8192 bf16; 128 128 2048 fp8; 128 128 2048 bf16}"
+  for c in "${cases[@]}"; do
+    read -r b h ctx kv extra <<< "$c"
+    bench_row "ours $b $h $ctx $kv" "" "" cases --batch "$b" --heads "$h" --ctx "$ctx" \
+      --kv-dtype "$kv" $extra
+  done
+  python3 scripts/gpu/compare_table.py "$out/cases.txt"
 fi
 
 if has sweep; then

@@ -76,3 +76,4 @@ static_assert(sizeof(ScheduleParams) == 288, "ScheduleParams must match src/back
 #define MLA_ERR_NEGATIVE_LEN 1u     // a seq_len below zero (treated as 0)
 #define MLA_ERR_BEYOND_TABLE 2u     // a seq_len beyond max_blocks * page_size (extra keys skipped)
 #define MLA_ERR_BAD_BLOCK 4u        // a block id outside [0, num_blocks) (its page never read)
+#define MLA_ERR_BAD_SCALE 8u        // a k_scale tensor not finite and positive (outputs unspecified)

@@ -339,7 +339,7 @@ pub enum Error {
 
 /// The bits of [`Error::DeviceCheck`] in words: `kernels/params.cuh`'s MLA_ERR_* (a test
 /// reads that file to keep the two in step).
-const DEVICE_CHECKS: [(&str, u32, &str); 3] = [
+const DEVICE_CHECKS: [(&str, u32, &str); 4] = [
     ("MLA_ERR_NEGATIVE_LEN", 1, "a negative seq_len (read as 0)"),
     (
         "MLA_ERR_BEYOND_TABLE",
@@ -350,6 +350,11 @@ const DEVICE_CHECKS: [(&str, u32, &str); 3] = [
         "MLA_ERR_BAD_BLOCK",
         4,
         "a block id outside the kv cache (its page was skipped, never read)",
+    ),
+    (
+        "MLA_ERR_BAD_SCALE",
+        8,
+        "a k_scale tensor not finite and positive (the outputs are unspecified)",
     ),
 ];
 

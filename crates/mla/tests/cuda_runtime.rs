@@ -418,6 +418,15 @@ fn a_captured_decode_reads_a_new_k_scale_from_the_device() {
             "k_scale {k}: {a:?}"
         );
     }
+    // A scale the host cannot check is checked on the device.
+    for bad in [0.0f32, -1.0, f32::NAN, f32::INFINITY] {
+        st.memcpy_htod(&[bad], &mut scale).unwrap();
+        graph.launch().unwrap();
+        match dec.check_device_errors() {
+            Err(Error::DeviceCheck { bits }) => assert_eq!(bits, 8, "k_scale {bad}"),
+            other => panic!("k_scale {bad}: expected the device flag, got {other:?}"),
+        }
+    }
 }
 
 #[test]

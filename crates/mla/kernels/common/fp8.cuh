@@ -6,6 +6,15 @@
  * fp8 becomes f16 (exact for every code): in hardware on sm_89 and up, else with integer
  * moves (e5m2 is the top byte of an f16; e4m3 shifted into an f16's exponent and mantissa is
  * 2^-8 times its value, subnormals included; 0x7f/0xff are NaN).
+ *
+ * Products in f16 (the mma and wgmma kernels' fp8 path): decoding, scaling and rounding every
+ * element (convert8) cost the fp8 decode more than its halved bytes saved. Since every fp8
+ * code is an f16, the kernels instead multiply the raw codes as f16 (one conversion
+ * instruction a pair, fp8x8_to_f16), apply k_scale once to the scores and once to the
+ * output in f32 (it is one scale for K and V), and run q and P as f16: a bf16 q is rewritten
+ * as f16 times a power of two that puts its largest magnitude in [2^14, 2^15)
+ * (q_to_f16, exact for every element within 2^24 of the largest), which the score scale
+ * takes back. This is at least as exact as rounding k_scale x code to the model dtype.
  */
 #pragma once
 #include "common/ptx.cuh"
@@ -67,4 +76,76 @@ __device__ __forceinline__ u32x4 convert8(u32x4 raw, float k_scale) {
     }
     return {pack2<BF16>(f[0], f[1]), pack2<BF16>(f[2], f[3]), pack2<BF16>(f[4], f[5]),
             pack2<BF16>(f[6], f[7])};
+}
+
+/// 8 fp8 codes (the 8 bytes of `raw`, first in the low half) as 8 f16, exactly and unscaled.
+template <int KV_FORMAT>
+__device__ __forceinline__ u32x4 fp8x8_to_f16(u32x2 raw) {
+    u32 h[4];
+    const u32 w[2] = {raw.x, raw.y};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const u32 pair = w[i / 2] >> (16 * (i % 2));
+#if __CUDA_ARCH__ >= 890
+        const u16 b = (u16)pair;
+        if (KV_FORMAT == 2) {
+            asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h[i]) : "h"(b));
+        } else {
+            asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h[i]) : "h"(b));
+        }
+#else
+        float lo, hi;
+        fp8x2_to_float<KV_FORMAT>(pair, lo, hi);
+        h[i] = pack2<false>(lo, hi);
+#endif
+    }
+    return {h[0], h[1], h[2], h[3]};
+}
+
+/// A power of two as f32, for exponents in [-126, 127].
+__device__ __forceinline__ float pow2(int e) {
+    return __uint_as_float((u32)(e + 127) << 23);
+}
+
+/// Rewrites a bf16 q tile in shared memory as f16 times 2^e, e putting its largest magnitude
+/// in [2^14, 2^15), and returns 2^-e (for the score scale). `chunks` 16-byte chunks of 8
+/// elements, chunk c at byte `at(c)` of `q`; `scratch` one u32 of shared memory the caller
+/// does not use meanwhile. Every one of the THREADS threads calls it after q landed and a
+/// barrier; it ends with a barrier. A q of zeros keeps e = 0; an infinite or NaN element
+/// stays one.
+template <int THREADS, typename At>
+__device__ __forceinline__ float q_to_f16(unsigned char* q, int chunks, At at, u32* scratch) {
+    if (threadIdx.x == 0) *scratch = 0u;
+    float mx = 0.0f;
+    for (int c = threadIdx.x; c < chunks; c += THREADS) {
+        const u32x4 v = *(const u32x4*)(q + at(c));
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            mx = fmaxf(mx, fmaxf(fabsf(bf16_to_float(w[i] & 0xffffu)), fabsf(bf16_to_float(w[i] >> 16))));
+        }
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+    __syncthreads();  // scratch is 0 for everyone
+    if (threadIdx.x % 32 == 0) atomicMax(scratch, __float_as_uint(mx));  // >= 0: ordered as integers
+    __syncthreads();
+    const u32 bits = *scratch;
+    // The largest magnitude's binary exponent (subnormals count as -127, inf and NaN as 128).
+    const int top = (int)((bits >> 23) & 0xffu) - 127;
+    const int e = bits == 0u ? 0 : min(126, max(-126, 14 - top));
+    const float up = pow2(e);
+    for (int c = threadIdx.x; c < chunks; c += THREADS) {
+        u32x4* at_c = (u32x4*)(q + at(c));
+        const u32x4 v = *at_c;
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
+        u32 h[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            h[i] = pack2<false>(bf16_to_float(w[i] & 0xffffu) * up, bf16_to_float(w[i] >> 16) * up);
+        }
+        *at_c = {h[0], h[1], h[2], h[3]};
+    }
+    __syncthreads();
+    return pow2(-e);
 }

@@ -15,6 +15,16 @@ __device__ __forceinline__ void raise_error(const DecodeParams& p, u32 bits) {
     atomicOr(p.error_flag, bits);
 }
 
+/// An fp8 cache's k_scale: the device tensor's when there is one (with `check`, a value not
+/// finite and positive raises its error bit: the kernels that fold it into the score scale
+/// need it positive), else the host's (the plan checked it).
+__device__ __forceinline__ float read_k_scale(const DecodeParams& p, bool check) {
+    if (p.k_scale_ptr == nullptr) return p.k_scale;
+    const float k = *p.k_scale_ptr;
+    if (check && !(k > 0.0f && k <= 3.40282347e38f)) raise_error(p, MLA_ERR_BAD_SCALE);
+    return k;
+}
+
 /// The KV length of `request` (a negative one read as 0). With `check`, a negative length
 /// and a length beyond the block table raise their error bits.
 __device__ __forceinline__ int request_len(const DecodeParams& p, int request, bool check) {

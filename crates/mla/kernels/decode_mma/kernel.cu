@@ -12,8 +12,10 @@
  *   2. keys -> shared memory (cp.async) STAGES - 1 tiles ahead of the tile being computed,
  *      from byte offsets computed a tile earlier (tile t + STAGES's block ids are read during
  *      tile t, so no load waits on the block table);
- *   3. (caches not in the model dtype) staged tile -> model-dtype tile (fp8 into a tile of
- *      its own, the other 16-bit type in place);
+ *   3. (caches not in the model dtype) staged tile -> a tile the products read: fp8 codes
+ *      as f16 into a tile of its own (the products then run in f16, k_scale on the scores
+ *      and the output; a bf16 q is rewritten as f16 after step 1, common/fp8.cuh), the other
+ *      16-bit type in the model dtype in place;
  *   4. S = Q K^T for the warp's keys (four independent accumulator chains), scaled to base 2,
  *      masked past the split's end;
  *   5. tile row max across the 4 warps of a row group (shared memory), running max m,
@@ -62,6 +64,10 @@ constexpr int COLS_W = L / NW;              // output columns per warp
 constexpr int NT_O = COLS_W / 8;            // output n-tiles per warp
 constexpr bool CONVERT = KV != 0;
 constexpr bool FP8 = KV >= 2;               // fp8 converts into a tile of its own; 16-bit in place
+// fp8 caches multiply in f16, k_scale applied to the scores and the output (common/fp8.cuh,
+// "Products in f16"); a bf16 q is rewritten as f16 first.
+constexpr bool MMA_BF16 = BF16 && !FP8;
+constexpr bool Q_TO_F16 = BF16 && FP8;
 constexpr int KV_ELEM = FP8 ? 1 : 2;        // bytes per cache element
 constexpr int CHUNKS = D * KV_ELEM / 16;    // 16-byte chunks per cache row
 constexpr int STAGE_ROW = FP8 ? D : DP * 2; // bytes per staged key row
@@ -140,9 +146,9 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm,
     }
 }
 
-/// Step 3: a staged tile not in the model dtype into one that is: fp8 into the tile of its
-/// own, the other 16-bit type in place (each thread rewrites the 16 bytes it read). Returns
-/// the tile the products read.
+/// Step 3: a staged tile not in the model dtype into one the products read: fp8 codes as f16
+/// (unscaled) into the tile of its own, the other 16-bit type in place, in the model dtype
+/// (each thread rewrites the 16 bytes it read). Returns the tile the products read.
 __device__ __forceinline__ const u16* convert_tile(const Smem& sm, int s, float k_scale) {
     constexpr int GROUPS = D / 8;  // 8 elements per conversion
     constexpr int STEPS = (BN * GROUPS + THREADS - 1) / THREADS;
@@ -154,14 +160,13 @@ __device__ __forceinline__ const u16* convert_tile(const Smem& sm, int s, float 
         if ((BN * GROUPS) % THREADS != 0 && c >= BN * GROUPS) break;
         const int j = c / GROUPS, g = c % GROUPS;
         const unsigned char* src = stage + j * STAGE_ROW + g * 8 * KV_ELEM;
-        u32x4 raw;
+        u32x4 out;
         if (FP8) {
-            const u32x2 lo = *(const u32x2*)src;
-            raw = {lo.x, lo.y, 0u, 0u};
+            out = fp8x8_to_f16<KV>(*(const u32x2*)src);
         } else {
-            raw = *(const u32x4*)src;
+            out = convert8<KV, BF16>(*(const u32x4*)src, k_scale);
         }
-        *(u32x4*)(kt + j * DP + g * 8) = convert8<KV, BF16>(raw, k_scale);
+        *(u32x4*)(kt + j * DP + g * 8) = out;
     }
     return kt;
 }
@@ -190,7 +195,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     }
     const int req = row / p.query_len;
     const int tiles = (keys.end - keys.start + BN - 1) / BN;
-    const float k_scale = p.k_scale_ptr != nullptr ? *p.k_scale_ptr : p.k_scale;
+    const float k_scale = read_k_scale(p, threadIdx.x == 0 && pc.job == 0 && pc.split == 0);
 
     // Offsets of tiles 0 .. STAGES - 1 now; from then on the block ids of tile t + STAGES are
     // read during tile t (into `next_block`) and turned into offsets at the end of it.
@@ -202,11 +207,22 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         }
     }
     load_q(p, sm, row, head0);
+    cp_async_commit();  // q in a group of its own: an fp8 decode rewrites it while tiles fly
     __syncthreads();
-    // Tiles 0 .. STAGES - 2 in flight, one commit group each (q joins tile 0's).
+    // Tiles 0 .. STAGES - 2 in flight, one commit group each.
     for (int t = 0; t < STAGES - 1; ++t) {
         if (t < tiles) load_tile(p, sm, sm.offsets(t), t);
         cp_async_commit();
+    }
+    // The scores' scale, base 2: fp8 takes k_scale here (and a bf16 q's power of two).
+    float sc = p.scale_log2;
+    if (FP8) sc *= k_scale;
+    if (Q_TO_F16) {
+        cp_async_wait_group<STAGES - 1>();  // q landed (the tiles may fly on)
+        __syncthreads();
+        constexpr int QCH = D / 8;
+        sc *= q_to_f16<THREADS>((unsigned char*)sm.q(), ROWS * QCH,
+                                [](int i) { return (i / QCH) * DP * 2 + (i % QCH) * 16; }, (u32*)sm.red());
     }
 
     float o[NT_O][4];
@@ -238,11 +254,11 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
 
         // 4. S = Q K^T for keys wc * KEYS_W .. + KEYS_W of the tile, in S_CHAINS independent
         //    accumulators (one dependent chain of D / 16 mma would leave the tensor core idle).
-        float sc[S_CHAINS][NT_S][4];
+        float acc[S_CHAINS][NT_S][4];
 #pragma unroll
         for (int a = 0; a < S_CHAINS; ++a)
 #pragma unroll
-            for (int n = 0; n < NT_S; ++n) sc[a][n][0] = sc[a][n][1] = sc[a][n][2] = sc[a][n][3] = 0.0f;
+            for (int n = 0; n < NT_S; ++n) acc[a][n][0] = acc[a][n][1] = acc[a][n][2] = acc[a][n][3] = 0.0f;
         const u32 k_lane = smem_addr(kt + (wc * KEYS_W + lane % 8) * DP + ((lane / 8) % 2) * 8);
 #pragma unroll 3
         for (int k0 = 0; k0 < D / 16; k0 += S_CHAINS) {
@@ -255,7 +271,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
                 for (int n = 0; n < NT_S; ++n) {
                     u32 b[2];
                     ldmatrix_x2(b, k_lane + n * 8 * DP * 2 + (k0 + a) * 32);
-                    mma_16816<BF16>(sc[a][n], qa, b[0], b[1]);
+                    mma_16816<MMA_BF16>(acc[a][n], qa, b[0], b[1]);
                 }
             }
         }
@@ -266,7 +282,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
             for (int e = 0; e < 4; ++e) {
                 float x = 0.0f;
 #pragma unroll
-                for (int a = 0; a < S_CHAINS; ++a) x += sc[a][n][e];
+                for (int a = 0; a < S_CHAINS; ++a) x += acc[a][n][e];
                 s[n][e] = x;
             }
 
@@ -277,7 +293,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int pos = first + wc * KEYS_W + n * 8 + 2 * c + (e & 1);
-                s[n][e] = pos < keys.end ? s[n][e] * p.scale_log2 : bits_to_float(0xff800000u);
+                s[n][e] = pos < keys.end ? s[n][e] * sc : bits_to_float(0xff800000u);
                 mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
             }
         }
@@ -306,8 +322,8 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
             const float p2 = exp2_approx(s[n][2] - m[1]), p3 = exp2_approx(s[n][3] - m[1]);
             l[0] += p0 + p1;
             l[1] += p2 + p3;
-            *(u32*)(prow + n * 8) = pack2<BF16>(p0, p1);
-            *(u32*)(prow + 8 * BNP + n * 8) = pack2<BF16>(p2, p3);
+            *(u32*)(prow + n * 8) = pack2<MMA_BF16>(p0, p1);
+            *(u32*)(prow + 8 * BNP + n * 8) = pack2<MMA_BF16>(p2, p3);
         }
         __syncthreads();  // P of the whole row group is in shared memory
 
@@ -328,8 +344,8 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
             for (int n = 0; n < NT_O / 2; ++n) {
                 u32 b[4];
                 ldmatrix_x4_trans(b, v_lane + (kk * 16 * DP + n * 16) * 2);
-                mma_16816<BF16>(o[2 * n], a, b[0], b[1]);
-                mma_16816<BF16>(o[2 * n + 1], a, b[2], b[3]);
+                mma_16816<MMA_BF16>(o[2 * n], a, b[0], b[1]);
+                mma_16816<MMA_BF16>(o[2 * n + 1], a, b[2], b[3]);
             }
         }
         // Tile t + STAGES's offsets go where tile t's were (issued STAGES - 1 iterations ago);
@@ -352,7 +368,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         float sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < NW; ++w) sum += red[w * 16 + g + 8 * h];
-        inv[h] = 1.0f / sum;
+        inv[h] = (FP8 ? k_scale : 1.0f) / sum;  // V's k_scale, for fp8
         lse[h] = (m[h] + log2_approx(sum)) * LN2;
     }
 #pragma unroll

@@ -328,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
     const u32 ring = smem_addr(sm.slot(0)), q_addr = smem_addr(sm.q()), pt = smem_addr(sm.pt(wg));
     const float sc = p.scale_log2;
     float* red = sm.red(wg);
-    [[maybe_unused]] const float k_scale = FP8 ? (p.k_scale_ptr != nullptr ? *p.k_scale_ptr : p.k_scale) : 1.0f;
+    [[maybe_unused]] const float k_scale = FP8 ? read_k_scale(p, tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) : 1.0f;
     // Chunk c of tile t as the products read it: its ring slot, or (fp8) the converted tile.
     const auto operand = [&](int t, int c) -> u32 {
         return FP8 ? smem_addr(sm.ct(c)) : ring + ((t * CHUNKS + c) % SLOTS) * RAW_BYTES;

@@ -27,9 +27,11 @@
  *      (warpgroup w owns columns 256 w .. 256 w + 255: 64 x 256 f32, 128 registers a thread);
  *      V is the first L columns of the same key tile, read MN-major.
  *   4. At the end O / l and the LSE, as in decode_mma.
- * Caches not in the model dtype are converted after step 1, as decode_mma does (bit-exact
- * with the CPU backend): the other 16-bit type in place, fp8 from a raw row-major stage
- * (half the bytes) into a swizzled tile of its own; one more barrier a tile.
+ * Caches not in the model dtype are converted after step 1, as decode_mma does: the other
+ * 16-bit type in place, in the model dtype (bit-exact with the CPU backend); fp8 codes from
+ * a raw row-major stage (half the bytes) as f16 into a swizzled tile of its own, the
+ * products then in f16 with k_scale on the scores and the output, and a bf16 q rewritten as
+ * f16 before the first tile (common/fp8.cuh, "Products in f16"); one more barrier a tile.
  *
  * Kernel-development switches (MLA_EXTRA_DEFINES, never in a shipped build): MLA_EXP_NO_S,
  * MLA_EXP_NO_PV, MLA_EXP_NO_LOAD drop a stage to time the rest (results are wrong);
@@ -71,6 +73,10 @@ constexpr int PIECES = D / 8;   // 16-byte pieces per row
 constexpr int KV = MLA_KV;
 constexpr bool CONVERT = KV != 0;
 constexpr bool FP8 = KV >= 2;             // fp8 stages raw rows and converts into a tile of its own
+// fp8 caches multiply in f16, k_scale applied to the scores and the output (common/fp8.cuh,
+// "Products in f16"); a bf16 q is rewritten as f16 first.
+constexpr bool MMA_BF16 = BF16 && !FP8;
+constexpr bool Q_TO_F16 = BF16 && FP8;
 constexpr bool PACK = MLA_PACK != 0;      // rows of several query tokens
 constexpr int KV_ELEM = FP8 ? 1 : 2;      // bytes per cache element
 constexpr int KEY_PIECES = D * KV_ELEM / 16;  // 16-byte pieces per cache row
@@ -171,9 +177,9 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm,
     }
 }
 
-/// A staged tile not in the model dtype into one that is (decoded, times k_scale, rounded):
-/// fp8 from the raw stage into the swizzled tile of its own, the other 16-bit type in place.
-/// Returns the tile the products read.
+/// A staged tile not in the model dtype into one the products read: fp8 codes as f16
+/// (unscaled) from the raw stage into the swizzled tile of its own, the other 16-bit type in
+/// place, in the model dtype (decoded, rounded). Returns the tile the products read.
 __device__ __forceinline__ unsigned char* convert_tile(const Smem& sm, int s, float k_scale) {
     constexpr int GROUPS = D / 8;  // 8 elements per conversion
     constexpr int STEPS = (BN * GROUPS + THREADS - 1) / THREADS;
@@ -184,14 +190,13 @@ __device__ __forceinline__ unsigned char* convert_tile(const Smem& sm, int s, fl
         const int c = threadIdx.x + i * THREADS;
         if ((BN * GROUPS) % THREADS != 0 && c >= BN * GROUPS) break;
         const int j = c / GROUPS, g = c % GROUPS;
-        u32x4 raw;
+        u32x4 out;
         if (FP8) {
-            const u32x2 lo = *(const u32x2*)(stage + j * D + g * 8);
-            raw = {lo.x, lo.y, 0u, 0u};
+            out = fp8x8_to_f16<KV>(*(const u32x2*)(stage + j * D + g * 8));
         } else {
-            raw = *(const u32x4*)(stage + swizzled<BN>(j, g));
+            out = convert8<KV, BF16>(*(const u32x4*)(stage + swizzled<BN>(j, g)), k_scale);
         }
-        *(u32x4*)(kt + swizzled<BN>(j, g)) = convert8<KV, BF16>(raw, k_scale);
+        *(u32x4*)(kt + swizzled<BN>(j, g)) = out;
     }
     return kt;
 }
@@ -246,7 +251,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], float (&m)[2], 
             const float p0 = exp2_approx(fmaf(s[8 * kk + 2 * i], sc, -base[h]));
             const float p1 = exp2_approx(fmaf(s[8 * kk + 2 * i + 1], sc, -base[h]));
             l[h] += p0 + p1;
-            *(u32*)p_slot(sm, r0, lane, kk, i) = pack2<BF16>(p0, p1);
+            *(u32*)p_slot(sm, r0, lane, kk, i) = pack2<MMA_BF16>(p0, p1);
         }
     }
 }
@@ -267,7 +272,7 @@ __device__ __forceinline__ void pv_step(float (&o)[COLS / 2], const Smem& sm, in
 #ifndef MLA_EXP_NO_PV
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-        wgmma_m64n256k16_ss<BF16>(o, desc_at(pd, kk * 32), desc_at(vd, kk * 2 * 1024), 1);
+        wgmma_m64n256k16_ss<MMA_BF16>(o, desc_at(pd, kk * 32), desc_at(vd, kk * 2 * 1024), 1);
     }
 #endif
     wgmma_commit();
@@ -319,7 +324,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         hi[h] = k.end;
     }
     const int tiles = (keys.end - keys.start + BN - 1) / BN;
-    [[maybe_unused]] const float k_scale = CONVERT ? (p.k_scale_ptr != nullptr ? *p.k_scale_ptr : p.k_scale) : 1.0f;
+    [[maybe_unused]] const float k_scale = CONVERT ? read_k_scale(p, tid == 0 && pc.job == 0 && pc.split == 0) : 1.0f;
 
     // Offsets of tiles 0 and 1 now; tile t + 2's block ids are read during tile t.
     if (tid < BN) {
@@ -329,9 +334,19 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         }
     }
     load_q(p, sm, rows);
+    cp_async_commit();  // q in a group of its own: an fp8 decode rewrites it while tile 0 flies
     __syncthreads();
     load_tile<THREADS / 32>(p, sm, sm.offsets(0), 0, 0);
     cp_async_commit();
+    // The scores' scale, base 2: fp8 takes k_scale here (and a bf16 q's power of two).
+    float sc = p.scale_log2;
+    if (FP8) sc *= k_scale;
+    if (Q_TO_F16) {
+        cp_async_wait_group<1>();  // q landed (tile 0 may fly on)
+        __syncthreads();
+        // The whole tile, padding rows (zeros) included; alpha is free until the first tile.
+        sc *= q_to_f16<THREADS>(sm.q(), M * PIECES, [](int i) { return i * 16; }, (u32*)sm.alpha());
+    }
 
     float o[COLS / 2];  // this thread's share of the warpgroup's 64 x 256 outputs
 #pragma unroll
@@ -384,7 +399,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
 #pragma unroll
             for (int ks = 0; ks < D / 16; ++ks) {
                 const u32 at = (ks / 4) * (M * 128) + (ks % 4) * 32;
-                wgmma_m64n64k16_ss<BF16>(s, desc_at(qd, at), desc_at(kd, at), ks > 0);
+                wgmma_m64n64k16_ss<MMA_BF16>(s, desc_at(qd, at), desc_at(kd, at), ks > 0);
             }
 #endif
             wgmma_commit();
@@ -392,7 +407,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
 
             float alpha[2];
             const bool inside = (!PACK || first >= cta.common.start) && first + BN <= cta.common.end;
-            softmax_tile(s, m, l, alpha, first, inside, lo, hi, p.scale_log2, lane, sm, r0);
+            softmax_tile(s, m, l, alpha, first, inside, lo, hi, sc, lane, sm, r0);
             if (lane % 4 == 0) {
                 sm.alpha()[r0] = alpha[0];
                 sm.alpha()[r0 + 8] = alpha[1];
@@ -429,7 +444,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const float sum = sm.sums()[r0 + 8 * h];
-        inv[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
+        inv[h] = sum > 0.0f ? (FP8 ? k_scale : 1.0f) / sum : 0.0f;  // V's k_scale, for fp8
         lse[h] = (sm.maxima()[r0 + 8 * h] + log2_approx(sum)) * LN2;
     }
 #pragma unroll
