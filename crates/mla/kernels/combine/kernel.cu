@@ -4,9 +4,10 @@
  * (model dtype) and lse (f32, natural log), skipping the splits that hold no key.
  *
  * Grid: x = query row, y = head / 4. Block: 4 warps, one head each; lane i owns output
- * columns 4 * (i + 32 * j) .. + 4. The merge is vLLM's: for each non-empty split s,
- * m' = max(m, lse_s); acc = acc * e^(m - m') + e^(lse_s - m') * o_s; sum likewise. A row with
- * no key at all gets o = 0 and lse = -inf.
+ * columns 4 * (i + 32 * j) .. + 4. The merge takes two passes: the largest split LSE m, then
+ * o = sum_s e^(lse_s - m) o_s / sum_s e^(lse_s - m) over the non-empty splits in ascending
+ * order, the partials of 8 splits read at a time (the weights are known before they are
+ * read). A row with no key at all gets o = 0 and lse = -inf.
  *
  * Scheduled (MLA_SCHED 1: the argument is a ScheduleParams, docs/scheduler.md,
  * common/schedule.cuh): the schedule's job is the row; a row of one split was written by
@@ -50,49 +51,67 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode_combine(const Decod
     const KeyRange keys = row_keys(p, row, false);  // stage 1 already raised any error
 #endif
 
+    // A split's partial LSE (base 2), -inf when it holds no key (then it is never read).
+    const auto split_lse = [&](int s) -> float {
+#if MLA_SCHED
+        return p.part_lse[first + s * step] * LOG2E;
+#else
+        const KeyRange k = split_keys(keys, s, splits);
+        return k.start < k.end ? p.part_lse[((i64)row * splits + s) * p.heads + head] * LOG2E
+                               : bits_to_float(0xff800000u);
+#endif
+    };
+    const auto split_o = [&](int s) -> const f32x4* {
+#if MLA_SCHED
+        return (const f32x4*)(p.part_o + (first + s * step) * L);
+#else
+        return (const f32x4*)(p.part_o + (((i64)row * splits + s) * p.heads + head) * L);
+#endif
+    };
+
+    // Pass 1: the largest LSE, the lanes reading the splits' LSEs side by side.
+    float m = bits_to_float(0xff800000u);  // base 2
+    for (int s = lane; s < splits; s += 32) m = fmaxf(m, split_lse(s));
+#pragma unroll
+    for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+
+    // Pass 2: o = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m), in ascending split order.
+    // The weights are known before the partials are read, so BATCH splits' loads are issued
+    // together with no branch between them (a split past the last one reads the first split's
+    // row with weight 0): the walk pays one memory latency a batch, not one a split (a batch
+    // of one request spreads its keys over up to 64 splits).
     f32x4 acc[PER_LANE];
 #pragma unroll
     for (int j = 0; j < PER_LANE; ++j) acc[j] = {0.0f, 0.0f, 0.0f, 0.0f};
-    float m = bits_to_float(0xff800000u), sum = 0.0f;  // m in base 2
-    // Splits go in batches of BATCH: their loads are issued together, so the walk pays one
-    // memory latency per batch, not per split. The merge itself stays in ascending order.
-    constexpr int BATCH = 4;
-    for (int s0 = 0; s0 < splits; s0 += BATCH) {
-        float lse_s[BATCH];
-        f32x4 x[BATCH][PER_LANE];
+    float sum = 0.0f;
+    if (m != bits_to_float(0xff800000u)) {  // else no split holds a key: o = 0, lse = -inf
+        constexpr int BATCH = 8;
+        for (int s0 = 0; s0 < splits; s0 += 32) {
+            // Lane i holds the weight of split s0 + i (0 when empty or past the end).
+            const float w_lane = s0 + lane < splits ? exp2_approx(split_lse(s0 + lane) - m) : 0.0f;
+            const int n = min(32, splits - s0);
+            for (int b0 = 0; b0 < n; b0 += BATCH) {
+                f32x4 x[BATCH][PER_LANE];
 #pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            const int s = s0 + b;
-            lse_s[b] = bits_to_float(0xff800000u);  // an empty or missing split weighs 0
-#if MLA_SCHED
-            if (s < splits) {
-                const i64 at = first + s * step;
-#else
-            const KeyRange k = split_keys(keys, s, splits);
-            if (s < splits && k.start < k.end) {
-                const i64 at = ((i64)row * splits + s) * p.heads + head;
-#endif
-                lse_s[b] = p.part_lse[at] * LOG2E;
-                const f32x4* part = (const f32x4*)(p.part_o + at * L);
+                for (int b = 0; b < BATCH; ++b) {
+                    const f32x4* part = split_o(b0 + b < n ? s0 + b0 + b : s0);
 #pragma unroll
-                for (int j = 0; j < PER_LANE; ++j) x[b][j] = part[lane + 32 * j];
+                    for (int j = 0; j < PER_LANE; ++j) x[b][j] = part[lane + 32 * j];
+                }
+#pragma unroll
+                for (int b = 0; b < BATCH; ++b) {
+                    const float w = __shfl_sync(0xffffffffu, w_lane, (b0 + b) % 32);
+                    if (w == 0.0f) continue;  // warp-uniform; an empty split's row is garbage
+#pragma unroll
+                    for (int j = 0; j < PER_LANE; ++j) {
+                        acc[j].x = fmaf(w, x[b][j].x, acc[j].x);
+                        acc[j].y = fmaf(w, x[b][j].y, acc[j].y);
+                        acc[j].z = fmaf(w, x[b][j].z, acc[j].z);
+                        acc[j].w = fmaf(w, x[b][j].w, acc[j].w);
+                    }
+                    sum += w;
+                }
             }
-        }
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            if (lse_s[b] == bits_to_float(0xff800000u)) continue;  // skipped, never read
-            const float m_new = fmaxf(m, lse_s[b]);
-            const float old = exp2_approx(m - m_new);
-            const float w = exp2_approx(lse_s[b] - m_new);
-#pragma unroll
-            for (int j = 0; j < PER_LANE; ++j) {
-                acc[j].x = acc[j].x * old + w * x[b][j].x;
-                acc[j].y = acc[j].y * old + w * x[b][j].y;
-                acc[j].z = acc[j].z * old + w * x[b][j].z;
-                acc[j].w = acc[j].w * old + w * x[b][j].w;
-            }
-            sum = sum * old + w;
-            m = m_new;
         }
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
