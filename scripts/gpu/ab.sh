@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# A/B of two builds of the CLI on the GPU machine: `mla bench` on each case, the builds
+# alternating (A B A B), one line a run. Carry both build folders (scripts/gpu/build.sh makes
+# gpu-bin; move an older one aside first, e.g. to gpu-bin-old: .gitignore ignores gpu-bin*).
+#   scripts/gpu/ab.sh A_DIR B_DIR ["b h ctx [more bench arguments]; ..."]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+a=$1 b=$2
+export MLA_CACHE_DIR=${MLA_CACHE_DIR:-/tmp/mla-cache}
+IFS=';' read -ra cases <<< "${3:-1 16 8192; 1 16 1024; 1 128 8192; 8 16 4096; 4 16 32768; 8 128 4096; 64 16 8192}"
+for c in "${cases[@]}"; do
+  read -r bs h ctx extra <<< "$c"
+  for dir in "$a" "$b" "$a" "$b"; do
+    # shellcheck disable=SC2086  # extra is a list of arguments
+    r=$(timeout 60 "$dir/mla" bench --backend cuda --batch "$bs" --heads "$h" --ctx "$ctx" --page 64 \
+      --iters 10 --json $extra 2>/dev/null | tail -n 1)
+    echo "$dir $bs $h $ctx ${extra:-} $(echo "$r" | python3 -c 'import json, sys
+r = json.load(sys.stdin)
+print("%.1f us err %.1e splits %d" % (r["us"], r["err_o"], r["num_kv_splits"]))' 2>/dev/null || echo failed)"
+  done
+done
