@@ -7,6 +7,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 a=$1 b=$2
 export MLA_CACHE_DIR=${MLA_CACHE_DIR:-/tmp/mla-cache}
+# Each build's cubins compiled by build.sh (run.sh does the same).
+for dir in "$a" "$b"; do
+  if [ -d "$dir/cache" ]; then mkdir -p "$MLA_CACHE_DIR" && cp -rn "$dir/cache/." "$MLA_CACHE_DIR"/; fi
+done
 IFS=';' read -ra cases <<< "${3:-1 16 8192; 1 16 1024; 1 128 8192; 8 16 4096; 4 16 32768; 8 128 4096; 64 16 8192}"
 for c in "${cases[@]}"; do
   read -r bs h ctx extra <<< "$c"

@@ -29,6 +29,14 @@ for line in sys.stdin:
         print("test binary:", m["target"]["name"])
 ' "$out/tests"
 
+# The sm_90a cubins, compiled here by NVRTC 13.0 from PyPI (scripts/ci/nvrtc.sh) into
+# gpu-bin/cache under the names the GPU machine's NVRTC 13.0 gives them: run.sh seeds that
+# machine's cache with them (a fresh machine spends a minute compiling otherwise), and a spill
+# fails the build here.
+LD_LIBRARY_PATH="$(scripts/ci/nvrtc.sh)" MLA_CACHE_DIR="$out/cache" "$out/mla" precompile --arch sm_90a \
+  --deny-spills > "$out/precompile.txt"
+tail -n 1 "$out/precompile.txt"
+
 # The Python module, for its pytest suite and the in-process side-by-side benchmark.
 scripts/py/wheel.sh "$out/wheels"
 

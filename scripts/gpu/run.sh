@@ -19,6 +19,9 @@ final=${OUT:-results}
 out=$(mktemp -d)  # the logs, packed into $final/logs.tgz at the end (the device tool returns few files)
 mkdir -p "$final"
 export MLA_CACHE_DIR=${MLA_CACHE_DIR:-/tmp/mla-cache}
+# The sm_90a cubins build.sh compiled here (same NVRTC 13.0, same cache names): a fresh
+# machine then loads them instead of spending a minute compiling.
+if [ -d gpu-bin/cache ]; then mkdir -p "$MLA_CACHE_DIR" && cp -rn gpu-bin/cache/. "$MLA_CACHE_DIR"/; fi
 export RUST_BACKTRACE=1
 steps=${*:-all}
 summary=()
@@ -85,25 +88,37 @@ if [[ " $steps " == *" try "* ]] && [ -n "${MLA_TRY_DEFINES:-}" ]; then
   [ "$try_failed" = 0 ] && try_ok=1
 fi
 
-# Each sanitizer three times: kernels as shipped, then the wgmma kernel at every head count,
-# then the narrow kernel wherever it runs.
+# Each sanitizer five ways: kernels as shipped, the wgmma kernel at every head count, the
+# narrow kernel wherever it runs, and the scheduled decode on the wgmma and the mma kernels
+# (and a trial variant). The runs are independent and mostly CPU-bound (instrumentation), so
+# they run side by side (MLA_SANITIZE_SERIAL=1: one at a time); each writes its summary line
+# to a file, read back in order.
+sanitize_one() {  # TOOL K: one run, its summary line into $out/note-sanitizer-TOOL-K.txt
+  local tool=$1 k=$2 defs="" kernel=$2 sched=0 lim=$limit rc
+  if [ "$k" = try ]; then defs=$MLA_TRY_DEFINES; kernel=wgmma; lim=${MLA_TRY_LIMIT:-40}; fi
+  if [[ "$k" == scheduled-* ]]; then kernel=${k#scheduled-}; sched=1; fi
+  local log="$out/sanitizer-$tool${k:+-$k}.log"
+  MLA_SCHEDULE=$sched MLA_KERNEL=$kernel MLA_EXTRA_DEFINES=$defs timeout "$lim" compute-sanitizer --tool "$tool" \
+    --error-exitcode 9 gpu-bin/tests/cuda_sanitize --test-threads=1 > "$log" 2>&1
+  rc=$?
+  echo "compute-sanitizer $tool${k:+ (MLA_KERNEL=$kernel MLA_SCHEDULE=$sched $defs)}: rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$log" | tr '\n' ' ')" \
+    > "$out/note-sanitizer-$tool-${k:-shipped}.txt"
+}
+runs=()
 for tool in memcheck racecheck; do
   if has "$tool"; then
     trial=""
     [ "$try_ok" = 1 ] && trial=try
-    for k in "" wgmma narrow scheduled-wgmma scheduled-mma $trial; do
-      defs=""; kernel=$k; sched=0
-      if [ "$k" = try ]; then defs=$MLA_TRY_DEFINES; kernel=wgmma; fi
-      if [[ "$k" == scheduled-* ]]; then kernel=${k#scheduled-}; sched=1; fi
-      log="$out/sanitizer-$tool${k:+-$k}.log"
-      lim=$limit
-      [ "$k" = try ] && lim=${MLA_TRY_LIMIT:-40}
-      MLA_SCHEDULE=$sched MLA_KERNEL=$kernel MLA_EXTRA_DEFINES=$defs timeout "$lim" compute-sanitizer --tool "$tool" \
-        --error-exitcode 9 gpu-bin/tests/cuda_sanitize --test-threads=1 > "$log" 2>&1
-      rc=$?
-      note "compute-sanitizer $tool${k:+ (MLA_KERNEL=$kernel MLA_SCHEDULE=$sched $defs)}: rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$log" | tr '\n' ' ')"
-    done
+    for k in "" wgmma narrow scheduled-wgmma scheduled-mma $trial; do runs+=("$tool:$k"); done
   fi
+done
+for r in "${runs[@]}"; do
+  if [ "${MLA_SANITIZE_SERIAL:-0}" = 1 ]; then sanitize_one "${r%%:*}" "${r#*:}"; else sanitize_one "${r%%:*}" "${r#*:}" & fi
+done
+wait
+for r in "${runs[@]}"; do
+  k=${r#*:}
+  note "$(cat "$out/note-sanitizer-${r%%:*}-${k:-shipped}.txt" 2>/dev/null || echo "compute-sanitizer $r: no result")"
 done
 
 if has pytest; then
