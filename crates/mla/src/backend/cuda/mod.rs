@@ -66,6 +66,8 @@ pub struct CudaBackend {
     kv_maps: tma::MapCache,
     /// Decodes launched on the device-computed schedule (what the tests check it ran).
     scheduled_decodes: u64,
+    /// The schedule's segment cost and fewest blocks ([`registry::schedule_costs_from_env`]).
+    schedule_costs: (usize, usize),
 }
 
 impl CudaBackend {
@@ -122,6 +124,7 @@ impl CudaBackend {
             error_flag,
             kv_maps: tma::MapCache::default(),
             scheduled_decodes: 0,
+            schedule_costs: registry::schedule_costs_from_env(),
         };
         Ok((backend, info))
     }

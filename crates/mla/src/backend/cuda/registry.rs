@@ -8,6 +8,7 @@
 use std::fmt;
 
 use crate::dtype::{KvFormat, ModelDtype};
+use crate::plan::schedule::{MIN_BLOCKS, SEGMENT_COST};
 use crate::plan::splits;
 
 /// Every kernel source, by the name the `#include` lines use.
@@ -337,6 +338,24 @@ pub fn schedule_from_env() -> Option<bool> {
     }
 }
 
+/// The schedule's costs (docs/scheduler.md): a segment's fixed cost and a stretch's fewest
+/// blocks beyond it, [`SEGMENT_COST`] and [`MIN_BLOCKS`] unless `MLA_SCHEDULE_COSTS=SEG,MIN`
+/// (kernel development: to sweep them on the GPU machine; SEG up to 64, MIN 0 to 64, anything
+/// else is ignored).
+pub fn schedule_costs_from_env() -> (usize, usize) {
+    std::env::var("MLA_SCHEDULE_COSTS")
+        .ok()
+        .and_then(|v| parse_schedule_costs(&v))
+        .unwrap_or((SEGMENT_COST, MIN_BLOCKS))
+}
+
+/// `SEG,MIN` as [`schedule_costs_from_env`] reads it.
+fn parse_schedule_costs(v: &str) -> Option<(usize, usize)> {
+    let (seg, min) = v.split_once(',')?;
+    let (seg, min) = (seg.trim().parse().ok()?, min.trim().parse().ok()?);
+    (seg <= 64 && min <= 64).then_some((seg, min))
+}
+
 /// What a decoder's kernels are specialized on: the widths and the dtypes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelShape {
@@ -627,6 +646,15 @@ mod tests {
 
     fn bf16(kv: KvFormat) -> KernelShape {
         KernelShape::deepseek(ModelDtype::Bf16, kv)
+    }
+
+    #[test]
+    fn schedule_costs_parse_within_bounds_only() {
+        assert_eq!(parse_schedule_costs("1,2"), Some((1, 2)));
+        assert_eq!(parse_schedule_costs(" 0 , 64 "), Some((0, 64)));
+        for bad in ["", "3", "65,1", "1,65", "-1,2", "a,b", "1,2,3"] {
+            assert_eq!(parse_schedule_costs(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::params::{DecodeParams, ScheduleParams};
 use super::registry::Variant;
 use super::{CudaBackend, address, ffi, registry};
 use crate::error::{Error, Result};
-use crate::plan::schedule::{Cursor, Jobs, MIN_BLOCKS, SEGMENT_COST, Schedule, ScheduledGrid};
+use crate::plan::schedule::{Cursor, Jobs, Schedule, ScheduledGrid};
 use crate::plan::{DecodePlan, Mask, ScheduledViews};
 
 /// A count as the kernels' i32.
@@ -47,6 +47,7 @@ impl CudaBackend {
                 detail: format!("a schedule of {jobs} jobs on {ctas} CTAs"),
             });
         }
+        let (segment_cost, min_blocks) = self.schedule_costs;
         let ws = self.workspace_ptr();
         let [line, begin, first_cta, splits, first_slot, share] = g
             .int_offsets()
@@ -59,8 +60,8 @@ impl CudaBackend {
             },
             head_blocks: 1, // the schedule's jobs are rows; the grid's y is the head block
             ctas: int(ctas, "CTAs")?,
-            segment_cost: int(SEGMENT_COST, "segment cost")?,
-            min_blocks: int(MIN_BLOCKS, "fewest blocks")?,
+            segment_cost: int(segment_cost, "segment cost")?,
+            min_blocks: int(min_blocks, "fewest blocks")?,
             jobs: int(jobs, "jobs")?,
             job_rows: int(g.job_rows, "rows a job")?,
             line,
