@@ -30,10 +30,25 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
     return a;
 }
 
+// Experiment (MLA_EXTRA_DEFINES="-DMLA_CP_L2=128"): the L2 prefetch size cp.async asks for on
+// a miss (64, 128 or 256 bytes; 0, the default: none), as CUTLASS's sm_80 copies do. A key
+// row is 1152 (bf16) or 576 (fp8) contiguous bytes read by 16-byte copies.
+#ifndef MLA_CP_L2
+#define MLA_CP_L2 0
+#endif
+
 /// 16 bytes global -> shared, asynchronously; with `valid` false, 16 zero bytes and no read.
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
     const int n = valid ? 16 : 0;
+#if MLA_CP_L2 == 64 || MLA_CP_L2 == 128 || MLA_CP_L2 == 256
+#define MLA_STR2(x) #x
+#define MLA_STR(x) MLA_STR2(x)
+    asm volatile("cp.async.cg.shared.global.L2::" MLA_STR(MLA_CP_L2) "B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                 "r"(n)
+                 : "memory");
+#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n) : "memory");
+#endif
 }
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;" ::: "memory");
