@@ -372,7 +372,13 @@ impl ValidConfig {
     /// Whether decodes may take the device-computed schedule: the backend runs it and the
     /// split count is the fill rule's to choose (not a fixed count, not batch-invariant).
     pub fn schedules(&self) -> bool {
-        self.schedule && matches!(self.split_rule, SplitRule::Fill { .. })
+        self.schedules_if(self.schedule)
+    }
+
+    /// Whether decodes would take the device-computed schedule if `asked`: only where the
+    /// split count is the fill rule's to choose.
+    pub fn schedules_if(&self, asked: bool) -> bool {
+        asked && matches!(self.split_rule, SplitRule::Fill { .. })
     }
 
     /// Splits per row for `rows` query rows whose longest length is `max_seq` (1 in
@@ -578,7 +584,7 @@ mod tests {
             let mut v = c.validate(device).unwrap();
             assert!(
                 !v.schedules(),
-                "a backend turns it on, not the configuration"
+                "off unless the configuration asks (device_schedule) and a backend can"
             );
             v.schedule = true; // what a CUDA backend that schedules sets
             v.schedules()

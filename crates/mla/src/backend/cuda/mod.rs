@@ -234,12 +234,10 @@ impl CudaBackend {
             stage1,
             combine: registry::combine_variant(l, cfg.model_dtype),
         });
-        // Asked for (the configuration, or the environment over it), under the fill rule (a
-        // fixed or batch-invariant split count stays on the grid), by a kernel that can.
+        // Asked for (the configuration, or the environment over it), where the configuration
+        // allows it (ValidConfig::schedules_if), by a kernel that can.
         let asked = registry::schedule_from_env().unwrap_or(cfg.schedule);
-        self.schedule = asked
-            && matches!(cfg.split_rule, SplitRule::Fill { .. })
-            && stage1.decode.schedulable();
+        self.schedule = cfg.schedules_if(asked) && stage1.decode.schedulable();
         Ok(())
     }
 
