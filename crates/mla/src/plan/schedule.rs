@@ -205,11 +205,22 @@ pub struct Jobs<'a> {
 }
 
 impl Jobs<'_> {
+    /// Query tokens a request (at least 1) and tokens a job (1 to that).
+    pub fn tokens(&self) -> (usize, usize) {
+        let q = self.query_len.max(1);
+        (q, self.tokens_per_cta.clamp(1, q))
+    }
+
+    /// How many jobs: requests x token blocks x head blocks.
+    pub fn count(&self) -> usize {
+        let (q, pack) = self.tokens();
+        self.seq_lens.len() * q.div_ceil(pack) * self.head_blocks
+    }
+
     /// Each job's blocks ([`job_blocks`] of the union of its tokens' keys).
     pub fn blocks(&self) -> Vec<usize> {
-        let q = self.query_len.max(1);
-        let pack = self.tokens_per_cta.clamp(1, q);
-        let mut out = Vec::new();
+        let (q, pack) = self.tokens();
+        let mut out = Vec::with_capacity(self.count());
         for &len in self.seq_lens {
             let len = len.max(0) as usize;
             for tok0 in (0..q).step_by(pack) {
@@ -396,6 +407,7 @@ mod tests {
             head_blocks: 2,
         };
         assert_eq!(jobs.blocks(), vec![4, 4, 4, 4, 0, 0, 0, 0]);
+        assert_eq!(jobs.count(), 8);
         let windowed = Jobs {
             window: Some(100),
             tokens_per_cta: 1,

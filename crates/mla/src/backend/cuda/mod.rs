@@ -198,7 +198,7 @@ impl CudaBackend {
             ));
         }
         // The kernels index heads with i32; the combine's grid has heads / 4 in y (<= 65535).
-        if i32::try_from(cfg.q_heads).is_err() || cfg.q_heads.div_ceil(4) > 65_535 {
+        if i32::try_from(cfg.q_heads).is_err() || cfg.q_heads.div_ceil(COMBINE_HEADS) > 65_535 {
             return Err(Error::config(
                 "num_heads",
                 format!(
@@ -491,8 +491,14 @@ impl CudaBackend {
         }
         if plan.num_kv_splits > 1 {
             let f = self.kernel(k.combine)?.clone();
-            let grid = (plan.rows as u32, plan.heads.div_ceil(4) as u32);
-            ffi::launch(&self.stream, &f, grid, (k.combine.threads(), 1), 0, &params)?;
+            ffi::launch(
+                &self.stream,
+                &f,
+                combine_grid(plan),
+                (k.combine.threads(), 1),
+                0,
+                &params,
+            )?;
         }
         Ok(())
     }
@@ -506,6 +512,15 @@ impl CudaBackend {
             .as_ref()
             .map_or(0, |w| address(w, &self.stream))
     }
+}
+
+/// Heads of a combine CTA (kernels/combine/kernel.cu: four warps, a head each).
+const COMBINE_HEADS: usize = 4;
+
+/// The combine's grid, split or scheduled: a CTA per query row and [`COMBINE_HEADS`] heads
+/// (`configure` checked that the heads fit the grid's y).
+fn combine_grid(plan: &DecodePlan) -> (u32, u32) {
+    (plan.rows as u32, plan.heads.div_ceil(COMBINE_HEADS) as u32)
 }
 
 /// Loads a cubin into `ctx`. A cubin from the disk cache that the driver refuses (a damaged

@@ -5,7 +5,7 @@
 
 use super::params::{DecodeParams, ScheduleParams};
 use super::registry::Variant;
-use super::{CudaBackend, address, ffi, registry};
+use super::{CudaBackend, address, combine_grid, ffi, registry};
 use crate::error::{Error, Result};
 use crate::plan::schedule::{Cursor, Jobs, Schedule, ScheduledGrid};
 use crate::plan::{DecodePlan, Mask, ScheduledViews};
@@ -48,6 +48,7 @@ impl CudaBackend {
             });
         }
         let (segment_cost, min_blocks) = self.schedule_costs;
+        let cta_count = int(ctas, "CTAs")?;
         let ws = self.workspace_ptr();
         let [line, begin, first_cta, splits, first_slot, share] = g
             .int_offsets()
@@ -59,7 +60,7 @@ impl CudaBackend {
                 ..params
             },
             head_blocks: 1, // the schedule's jobs are rows; the grid's y is the head block
-            ctas: int(ctas, "CTAs")?,
+            ctas: cta_count,
             segment_cost: int(segment_cost, "segment cost")?,
             min_blocks: int(min_blocks, "fewest blocks")?,
             jobs: int(jobs, "jobs")?,
@@ -78,7 +79,7 @@ impl CudaBackend {
                 what: "grid",
                 detail: format!("{} head blocks", g.head_blocks),
             })?;
-        let grid = (int(ctas, "CTAs")? as u32, blocks);
+        let grid = (cta_count as u32, blocks);
         let st = self.stream.clone();
         let v = registry::schedule_variant();
         let f = self.kernel(v)?.clone();
@@ -94,11 +95,7 @@ impl CudaBackend {
             ..combine
         };
         let f = self.kernel(v)?.clone();
-        let grid = (
-            int(plan.rows, "rows")? as u32,
-            plan.heads.div_ceil(4) as u32,
-        );
-        ffi::launch(&st, &f, grid, (v.threads(), 1), 0, &sp)?;
+        ffi::launch(&st, &f, combine_grid(plan), (v.threads(), 1), 0, &sp)?;
         self.scheduled_decodes += 1;
         Ok(())
     }
@@ -116,9 +113,8 @@ impl CudaBackend {
         segment_cost: usize,
         min_blocks: usize,
     ) -> Result<Schedule> {
-        let q = jobs.query_len.max(1);
-        let pack = jobs.tokens_per_cta.clamp(1, q);
-        let count = jobs.seq_lens.len() * q.div_ceil(pack) * jobs.head_blocks;
+        let (q, pack) = jobs.tokens();
+        let count = jobs.count();
         let st = self.stream.clone();
         let driver = Error::driver;
         let seq_lens = st
