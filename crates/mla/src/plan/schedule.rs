@@ -1,7 +1,7 @@
 //! The work schedule of a persistent decode: an even share of the batch's key blocks for each
 //! CTA, split only where a CTA's share ends inside a job (issue 4, deliverable 2).
 //!
-//! Scheduled decodes (`MLA_SCHEDULE=1`, docs/scheduler.md) run it on the device. This is the
+//! Scheduled decodes (`MlaConfig::device_schedule`, docs/scheduler.md) run it on the device. This is the
 //! reference the GPU scheduler must reproduce bit for bit:
 //! the same integer walk, run on the device from the device's sequence lengths (so that it is
 //! captured in a CUDA graph and needs no host synchronization), and checked against this one.

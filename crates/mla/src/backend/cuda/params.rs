@@ -126,9 +126,9 @@ pub struct NarrowParams {
     pub kv_map: TensorMap,
 }
 
-/// The argument of the scheduler kernel (`struct ScheduleParams` in
-/// `kernels/schedule/kernel.cu`): the decode's parameters (lengths, query length, mask,
-/// window, tokens a CTA), the schedule's shape and where its outputs go (i32 arrays).
+/// The argument of the scheduler kernel and of the scheduled stage-1 and combine kernels
+/// (`struct ScheduleParams` in `kernels/params.cuh`): the decode's parameters, the schedule's
+/// shape and where its i32 arrays go.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ScheduleParams {
@@ -168,7 +168,7 @@ mod tests {
 
     #[test]
     fn schedule_layout_matches_the_kernel() {
-        // static_assert(sizeof(ScheduleParams) == 288) in kernels/schedule/kernel.cu.
+        // static_assert(sizeof(ScheduleParams) == 288) in kernels/params.cuh.
         assert_eq!(size_of::<ScheduleParams>(), 288);
         assert_eq!(offset_of!(ScheduleParams, head_blocks), 216);
         assert_eq!(offset_of!(ScheduleParams, line), 240);

@@ -60,8 +60,8 @@ pub enum Family {
     DecodeNarrow,
     /// Stage 2: the ascending merge of the splits.
     Combine,
-    /// The work schedule of a scheduled decode (`MLA_SCHEDULE=1`), from the device's
-    /// lengths; `plan::schedule` is its reference.
+    /// The work schedule of a scheduled decode (`MlaConfig::device_schedule`), from the
+    /// device's lengths; `plan::schedule` is its reference.
     Schedule,
 }
 
@@ -143,7 +143,8 @@ pub struct Variant {
     pub packed: bool,
     /// The scheduled variant (`MLA_SCHED`, docs/scheduler.md) of a stage-1 kernel that takes
     /// one token a CTA (mma, unpacked wgmma) or of the combine: it reads the schedule the
-    /// scheduler kernel computed on the device, a CTA per piece.
+    /// scheduler kernel computed on the device (stage 1: persistent CTAs, each walking its
+    /// stretch; the combine: the slots of the rows that were cut).
     pub scheduled: bool,
 }
 

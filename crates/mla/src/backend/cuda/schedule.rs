@@ -1,7 +1,8 @@
 //! The GPU work scheduler (docs/scheduler.md): the scheduled decode (the scheduler kernel,
-//! then a stage-1 CTA per piece of the schedule, then the combine of the split jobs, all on
-//! the stream: no host synchronization), and the scheduler kernel run on its own for the
-//! tests that hold it to its reference (`plan::schedule::Schedule::build`).
+//! then the persistent stage-1 CTAs, each walking its stretch of the schedule, then the
+//! combine of the rows that were cut, all on the stream: no host synchronization), and the
+//! scheduler kernel run on its own for the tests that hold it to its reference
+//! (`plan::schedule::Schedule::build`).
 
 use super::params::{DecodeParams, ScheduleParams};
 use super::registry::Variant;
