@@ -3,7 +3,7 @@
 # (scripts/gpu/build.sh) and optionally .anchors/ carried. Writes every log into $OUT (the
 # folder that comes back), or ./results when $OUT is unset. The last lines printed are a
 # summary.
-#   scripts/gpu/run.sh [all|tests|try|memcheck|racecheck|pytest|bench|compare|narrow|schedule|cases|sweep|ablate|profile|dcp|mtp|anchors] ...
+#   scripts/gpu/run.sh [all|tests|try|memcheck|racecheck|pytest|bench|compare|narrow|schedule|cases|pdl|sweep|ablate|profile|dcp|mtp|anchors] ...
 # `ablate` times the wgmma kernel with parts switched off (MLA_EXTRA_DEFINES, see
 # kernels/decode_wgmma/NOTES.md); `dcp` runs the two-GPU DCP test and `mla bench --dcp 2`
 # (needs two GPUs).
@@ -238,6 +238,24 @@ if has cases; then
       --kv-dtype "$kv" $extra
   done
   python3 scripts/gpu/compare_table.py "$out/cases.txt"
+fi
+
+if has pdl; then
+  # The combine as a programmatic dependent launch (as shipped on sm_90a) against an ordinary
+  # launch (MLA_EXP_NO_PDL=1), on the small batches where its launch and latency show.
+  while read -r b h c kv; do
+    bench_row "pdl $b $h $c $kv" "" "" pdl --batch "$b" --heads "$h" --ctx "$c" --kv-dtype "$kv"
+    MLA_EXP_NO_PDL=1 bench_row "nopdl $b $h $c $kv" "" "" pdl --batch "$b" --heads "$h" --ctx "$c" \
+      --kv-dtype "$kv"
+  done <<'CASES'
+1 16 8192 bf16
+1 16 1024 bf16
+1 128 8192 bf16
+1 128 1024 bf16
+8 128 4096 bf16
+4 16 32768 bf16
+CASES
+  python3 scripts/gpu/compare_table.py "$out/pdl.txt"
 fi
 
 if has sweep; then

@@ -36,6 +36,7 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode_combine(const Sched
 #else
 extern "C" __global__ void __launch_bounds__(128) mla_decode_combine(const DecodeParams p) {
 #endif
+    wait_for_previous_grid();  // stage 1's partials (a programmatic dependent launch on sm_90)
     const int lane = threadIdx.x % 32;
     const int row = blockIdx.x;
     const int head = blockIdx.y * 4 + threadIdx.x / 32;

@@ -97,6 +97,21 @@ __device__ __forceinline__ void mma_16816(float c[4], const u32 a[4], u32 b0, u3
     }
 }
 
+/// Programmatic dependent launch (sm_90 and up; no-ops before): a stage-1 kernel lets the
+/// combine, launched after it as a programmatic dependent, start launching now; the combine
+/// waits for every write of stage 1 before it reads one (with an ordinary launch, the wait
+/// returns at once).
+__device__ __forceinline__ void allow_dependent_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /// Max and sum over the four lanes of a quad (the lanes that share an mma row).
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

@@ -262,6 +262,7 @@ __device__ __forceinline__ u32 pt_offset(int c, int k) {
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const __grid_constant__ NarrowParams np) {
     const DecodeParams& p = np.d;
+    allow_dependent_launch();  // the combine may start launching (it waits for our writes)
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const Smem sm{(unsigned char*)(((u64)smem_raw + ALIGN - 1) & ~(u64)(ALIGN - 1))};
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;

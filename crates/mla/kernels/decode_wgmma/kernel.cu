@@ -466,11 +466,14 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
 // Scheduled (grid: CTAs x head blocks): CTA (c, y) walks its stretch of the cost line for
 // head block y, a piece per job it touches (common/schedule.cuh).
 extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const ScheduleParams sp) {
+    allow_dependent_launch();  // the combine may start launching (it waits for our writes)
+    wait_for_previous_grid();  // the scheduler's integers (a programmatic dependent launch on sm_90)
     const Smem sm = shared_layout();
     walk_pieces(sp, (sp.d.heads + M - 1) / M, [&](const Piece& pc) { decode_piece(sp.d, sm, pc); });
 }
 #else
 extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma(const DecodeParams p) {
+    allow_dependent_launch();  // the combine may start launching (it waits for our writes)
     decode_piece(p, shared_layout(), grid_piece(p));
 }
 #endif

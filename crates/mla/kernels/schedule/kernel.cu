@@ -14,6 +14,7 @@
  * binary search over the line, then its jobs' first and last CTAs by binary search over the
  * cursors, and a second scan the jobs' first workspace slots.
  */
+#include "common/ptx.cuh"
 #include "common/rows.cuh"
 #include "params.cuh"
 
@@ -70,6 +71,7 @@ __device__ int cta_of(const ScheduleParams& sp, int job, int block) {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS) mla_schedule(const ScheduleParams sp) {
+    allow_dependent_launch();  // the scheduled decode may start launching (it waits for us)
     __shared__ int sums[THREADS];
     const DecodeParams& p = sp.d;
     const int jobs = sp.jobs, seg = sp.segment_cost;

@@ -227,25 +227,62 @@ pub(crate) fn launch<P: KernelParams>(
     smem: u32,
     params: &P,
 ) -> Result<()> {
+    launch_with(stream, func, grid, block, smem, params, false)
+}
+
+/// [`launch`], or with `dependent` a programmatic dependent launch (sm_90 and up): the kernel
+/// may start before the previous one on the stream has finished, once all of that one's CTAs
+/// have signalled (`griddepcontrol.launch_dependents`); it must wait
+/// (`griddepcontrol.wait`) before it reads what the previous one writes. Its launch latency
+/// then hides behind the previous kernel.
+///
+/// # Errors
+/// [`Error::Driver`] if the launch is refused.
+pub(crate) fn launch_with<P: KernelParams>(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    grid: (u32, u32),
+    block: (u32, u32),
+    smem: u32,
+    params: &P,
+    dependent: bool,
+) -> Result<()> {
+    use cudarc::driver::sys;
     stream
         .context()
         .bind_to_thread()
         .map_err(Error::driver("bind the context"))?;
     let mut args = [params as *const P as *mut c_void];
+    // SAFETY: a plain-old-data attribute: the union is zeroed, then one int member set.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: 1,
+        blockDimX: block.0,
+        blockDimY: block.1,
+        blockDimZ: 1,
+        sharedMemBytes: smem,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: dependent as u32,
+    };
     // SAFETY: every kernel of this crate takes exactly one parameter struct by value, and
-    // `P: KernelParams` is its mirror; `args` holds its address and outlives the call, which
-    // copies it. The addresses in it were checked by the code that filled it (see
-    // KernelParams: shapes, strides, bounds, alignment, buffer sizes); the kernels bound-check
-    // every block id they read. `func` belongs to the stream's context, bound above.
+    // `P: KernelParams` is its mirror; `args` holds its address and `config` the attribute's,
+    // both outliving the call, which copies them. The addresses in the parameters were checked
+    // by the code that filled them (see KernelParams: shapes, strides, bounds, alignment,
+    // buffer sizes); the kernels bound-check every block id they read. `func` belongs to the
+    // stream's context, bound above.
     unsafe {
-        cudarc::driver::result::launch_kernel(
+        sys::cuLaunchKernelEx(
+            &config,
             func.cu_function(),
-            (grid.0, grid.1, 1),
-            (block.0, block.1, 1),
-            smem,
-            stream.cu_stream(),
-            &mut args,
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
         )
     }
+    .result()
     .map_err(Error::driver("launch"))
 }

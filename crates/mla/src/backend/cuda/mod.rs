@@ -39,6 +39,10 @@ use crate::plan::{DecodePlan, SplitRule};
 struct ConfigKernels {
     stage1: registry::Stage1,
     combine: Variant,
+    /// Whether the kernels after a decode's first are programmatic dependent launches (sm_90a;
+    /// `MLA_EXP_NO_PDL=1` turns it off, for comparisons): the combine, and on the schedule
+    /// the stage-1 kernel after the scheduler.
+    pdl: bool,
 }
 
 /// The CUDA backend of one device.
@@ -233,6 +237,7 @@ impl CudaBackend {
         self.chosen = Some(ConfigKernels {
             stage1,
             combine: registry::combine_variant(l, cfg.model_dtype),
+            pdl: self.target.wgmma() && std::env::var_os("MLA_EXP_NO_PDL").is_none(),
         });
         // Asked for (the configuration, or the environment over it), where the configuration
         // allows it (ValidConfig::schedules_if), by a kernel that can.
@@ -465,7 +470,7 @@ impl CudaBackend {
             && tokens == 1
             && decode.schedulable()
         {
-            return self.forward_scheduled(plan, params, decode, k.combine, &views);
+            return self.forward_scheduled(plan, params, decode, k.combine, &views, k.pdl);
         }
         // A CTA takes `tokens` query tokens of one request and, of each, a block of heads.
         let ctas = plan.requests
@@ -491,13 +496,15 @@ impl CudaBackend {
         }
         if plan.num_kv_splits > 1 {
             let f = self.kernel(k.combine)?.clone();
-            ffi::launch(
+            let block = (k.combine.threads(), 1);
+            ffi::launch_with(
                 &self.stream,
                 &f,
                 combine_grid(plan),
-                (k.combine.threads(), 1),
+                block,
                 0,
                 &params,
+                k.pdl,
             )?;
         }
         Ok(())

@@ -25,7 +25,8 @@ impl CudaBackend {
     /// `decode` (persistent: a CTA per stretch of the cost line and head block, walking its
     /// pieces) and the scheduled `combine`, which merges the rows cut in pieces.
     /// `views`: the plan's scheduled workspace (partials, LSEs, the schedule's integers, and
-    /// the SM count they were sized for).
+    /// the SM count they were sized for). With `pdl` the decode and the combine are
+    /// programmatic dependent launches (each waits for the kernel before it).
     pub(super) fn forward_scheduled(
         &mut self,
         plan: &DecodePlan,
@@ -33,6 +34,7 @@ impl CudaBackend {
         decode: Variant,
         combine: Variant,
         views: &ScheduledViews,
+        pdl: bool,
     ) -> Result<()> {
         let g = ScheduledGrid::new(
             plan.rows,
@@ -90,13 +92,21 @@ impl CudaBackend {
             ..decode
         };
         let f = self.kernel(v)?.clone();
-        ffi::launch(&st, &f, grid, (v.threads(), 1), v.smem_bytes() as u32, &sp)?;
+        ffi::launch_with(
+            &st,
+            &f,
+            grid,
+            (v.threads(), 1),
+            v.smem_bytes() as u32,
+            &sp,
+            pdl,
+        )?;
         let v = Variant {
             scheduled: true,
             ..combine
         };
         let f = self.kernel(v)?.clone();
-        ffi::launch(&st, &f, combine_grid(plan), (v.threads(), 1), 0, &sp)?;
+        ffi::launch_with(&st, &f, combine_grid(plan), (v.threads(), 1), 0, &sp, pdl)?;
         self.scheduled_decodes += 1;
         Ok(())
     }
