@@ -10,7 +10,7 @@
  * [c share, (c + 1) share), share = max(ceil(total / ctas), segment_cost + min_blocks, 1).
  *
  * One CTA of THREADS threads; no step is a serial loop over the jobs: each thread costs its
- * jobs, a block-wide scan gives the cost line, each thread finds its CTAs' start cursors by
+ * jobs, a block-wide scan (warp shuffles, two barriers) gives the cost line, each thread finds its CTAs' start cursors by
  * binary search over the line, then its jobs' first and last CTAs by binary search over the
  * cursors, and a second scan the jobs' first workspace slots.
  */
@@ -23,28 +23,42 @@ constexpr int THREADS = 1024;
 constexpr int BLOCK = SCHEDULE_BLOCK;
 
 /// Exclusive prefix sum of a[0 .. n) in place, by the whole CTA (each thread a contiguous
-/// chunk, the chunks' sums scanned in shared memory); returns the total to every thread.
+/// chunk; the chunks' sums scanned by warp shuffles, then the 32 warps' totals by warp 0, so
+/// two barriers instead of two per doubling step); returns the total to every thread.
+/// `sums`: 32 ints of shared memory.
 __device__ int block_scan(int* a, int n, int* sums) {
+    static_assert(THREADS == 32 * 32, "warp 0 scans one total per warp");
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int per = (n + THREADS - 1) / THREADS;
     const int lo = min(n, (int)threadIdx.x * per), hi = min(n, lo + per);
     int sum = 0;
     for (int i = lo; i < hi; ++i) sum += a[i];
-    sums[threadIdx.x] = sum;
-    __syncthreads();
-    for (int off = 1; off < THREADS; off <<= 1) {
-        const int v = threadIdx.x >= off ? sums[threadIdx.x - off] : 0;
-        __syncthreads();
-        sums[threadIdx.x] += v;
-        __syncthreads();
+    int x = sum;  // inclusive scan of the chunk sums within the warp
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, d);
+        if (lane >= d) x += y;
     }
-    int run = sums[threadIdx.x] - sum;
-    const int total = sums[THREADS - 1];
+    if (lane == 31) sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int t = sums[lane];
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, t, d);
+            if (lane >= d) t += y;
+        }
+        sums[lane] = t;  // inclusive: warps 0 .. lane
+    }
+    __syncthreads();
+    int run = (warp > 0 ? sums[warp - 1] : 0) + x - sum;
+    const int total = sums[31];
     for (int i = lo; i < hi; ++i) {
         const int v = a[i];
         a[i] = run;
         run += v;
     }
-    __syncthreads();
+    __syncthreads();  // a is scanned, and sums is free for the next scan
     return total;
 }
 
@@ -70,7 +84,7 @@ __device__ int cta_of(const ScheduleParams& sp, int job, int block) {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS) mla_schedule(const ScheduleParams sp) {
-    __shared__ int sums[THREADS];
+    __shared__ int sums[32];
     const DecodeParams& p = sp.d;
     const int jobs = sp.jobs, seg = sp.segment_cost;
     const int pack = p.tokens_per_cta;
