@@ -10,7 +10,7 @@
  * [c share, (c + 1) share), share = max(ceil(total / ctas), segment_cost + min_blocks, 1).
  *
  * One CTA of THREADS threads; no step is a serial loop over the jobs: each thread costs its
- * jobs, a block-wide scan gives the cost line, each thread finds its CTAs' start cursors by
+ * jobs, a block-wide scan (warp shuffles, two barriers) gives the cost line, each thread finds its CTAs' start cursors by
  * binary search over the line, then its jobs' first and last CTAs by binary search over the
  * cursors, and a second scan the jobs' first workspace slots.
  */
@@ -22,30 +22,48 @@ namespace {
 
 constexpr int THREADS = 1024;
 constexpr int BLOCK = SCHEDULE_BLOCK;
+// The binary searches read the cost line and the cursors from shared memory when they fit
+// (a search is a chain of dependent reads: from global memory, a memory latency each).
+constexpr int SMEM_LINE = 4096;  // ints of the cost line (jobs + 1)
+constexpr int SMEM_BEGIN = 2 * 1025;  // ints of the cursors (2 x (CTAs + 1))
 
 /// Exclusive prefix sum of a[0 .. n) in place, by the whole CTA (each thread a contiguous
-/// chunk, the chunks' sums scanned in shared memory); returns the total to every thread.
+/// chunk; the chunks' sums scanned by warp shuffles, then the 32 warps' totals by warp 0, so
+/// two barriers instead of two per doubling step); returns the total to every thread.
+/// `sums`: 32 ints of shared memory.
 __device__ int block_scan(int* a, int n, int* sums) {
+    static_assert(THREADS == 32 * 32, "warp 0 scans one total per warp");
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int per = (n + THREADS - 1) / THREADS;
     const int lo = min(n, (int)threadIdx.x * per), hi = min(n, lo + per);
     int sum = 0;
     for (int i = lo; i < hi; ++i) sum += a[i];
-    sums[threadIdx.x] = sum;
-    __syncthreads();
-    for (int off = 1; off < THREADS; off <<= 1) {
-        const int v = threadIdx.x >= off ? sums[threadIdx.x - off] : 0;
-        __syncthreads();
-        sums[threadIdx.x] += v;
-        __syncthreads();
+    int x = sum;  // inclusive scan of the chunk sums within the warp
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, d);
+        if (lane >= d) x += y;
     }
-    int run = sums[threadIdx.x] - sum;
-    const int total = sums[THREADS - 1];
+    if (lane == 31) sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int t = sums[lane];
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, t, d);
+            if (lane >= d) t += y;
+        }
+        sums[lane] = t;  // inclusive: warps 0 .. lane
+    }
+    __syncthreads();
+    int run = (warp > 0 ? sums[warp - 1] : 0) + x - sum;
+    const int total = sums[31];
     for (int i = lo; i < hi; ++i) {
         const int v = a[i];
         a[i] = run;
         run += v;
     }
-    __syncthreads();
+    __syncthreads();  // a is scanned, and sums is free for the next scan
     return total;
 }
 
@@ -54,12 +72,13 @@ __device__ __forceinline__ bool at_most(int job_a, int block_a, int job_b, int b
     return job_a < job_b || (job_a == job_b && block_a <= block_b);
 }
 
-/// The CTA whose range holds (job, block): how many of CTAs 1 .. ctas start at or before it.
-__device__ int cta_of(const ScheduleParams& sp, int job, int block) {
-    int lo = 1, hi = sp.ctas + 1;  // first c in [1, ctas] with begin[c] > (job, block)
+/// The CTA whose range holds (job, block): how many of CTAs 1 .. ctas start at or before it
+/// (`begin`: the cursors, in shared or global memory).
+__device__ int cta_of(const int* begin, int ctas, int job, int block) {
+    int lo = 1, hi = ctas + 1;  // first c in [1, ctas] with begin[c] > (job, block)
     while (lo < hi) {
         const int mid = (lo + hi) / 2;
-        if (at_most(sp.begin[2 * mid], sp.begin[2 * mid + 1], job, block)) {
+        if (at_most(begin[2 * mid], begin[2 * mid + 1], job, block)) {
             lo = mid + 1;
         } else {
             hi = mid;
@@ -72,7 +91,9 @@ __device__ int cta_of(const ScheduleParams& sp, int job, int block) {
 
 extern "C" __global__ void __launch_bounds__(THREADS) mla_schedule(const ScheduleParams sp) {
     allow_dependent_launch();  // the scheduled decode may start launching (it waits for us)
-    __shared__ int sums[THREADS];
+    __shared__ int sums[32];
+    __shared__ int line_s[SMEM_LINE];
+    __shared__ int begin_s[SMEM_BEGIN];
     const DecodeParams& p = sp.d;
     const int jobs = sp.jobs, seg = sp.segment_cost;
     const int pack = p.tokens_per_cta;
@@ -91,7 +112,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) mla_schedule(const Schedul
     __syncthreads();
     const int total = block_scan(sp.line, jobs + 1, sums);
     const int share = max(max((total + sp.ctas - 1) / sp.ctas, seg + sp.min_blocks), 1);
-    const auto blocks_of = [&](int j) { return sp.line[j + 1] - sp.line[j] - seg; };
+    const bool line_fits = jobs + 1 <= SMEM_LINE, begin_fits = 2 * (sp.ctas + 1) <= SMEM_BEGIN;
+    if (line_fits) {
+        for (int j = threadIdx.x; j <= jobs; j += THREADS) line_s[j] = sp.line[j];
+        __syncthreads();
+    }
+    const int* line = line_fits ? line_s : sp.line;
+    int* begin = begin_fits ? begin_s : sp.begin;
+    const auto blocks_of = [&](int j) { return line[j + 1] - line[j] - seg; };
 
     // 2. Each CTA's first cursor: the job whose stretch of the line holds c * share (the last
     //    one starting at or before it) and its block there; past a job's last block, the next.
@@ -104,7 +132,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) mla_schedule(const Schedul
             int lo = 0, hi = jobs;  // jobs whose end (line[j + 1]) is at or before x
             while (lo < hi) {
                 const int mid = (lo + hi) / 2;
-                if (sp.line[mid + 1] <= x) {
+                if (line[mid + 1] <= x) {
                     lo = mid + 1;
                 } else {
                     hi = mid;
@@ -112,7 +140,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) mla_schedule(const Schedul
             }
             job = lo;
             const int b = blocks_of(job);
-            block = min(max((int)x - sp.line[job] - seg, 0), b);
+            block = min(max((int)x - line[job] - seg, 0), b);
             if (block == b && b > 0) {
                 ++job;
                 block = 0;
@@ -120,13 +148,17 @@ extern "C" __global__ void __launch_bounds__(THREADS) mla_schedule(const Schedul
         }
         sp.begin[2 * c] = job;
         sp.begin[2 * c + 1] = block;
+        if (begin_fits) {
+            begin[2 * c] = job;
+            begin[2 * c + 1] = block;
+        }
     }
     __syncthreads();
 
     // 3. Each job's CTAs and split count; 4. its first workspace slot.
     for (int j = threadIdx.x; j < jobs; j += THREADS) {
         const int b = blocks_of(j);
-        const int first = cta_of(sp, j, 0), last = cta_of(sp, j, max(b, 1) - 1);
+        const int first = cta_of(begin, sp.ctas, j, 0), last = cta_of(begin, sp.ctas, j, max(b, 1) - 1);
         sp.first_cta[j] = first;
         sp.splits[j] = last - first + 1;
         sp.first_slot[j] = last - first + 1;
