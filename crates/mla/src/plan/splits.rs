@@ -148,8 +148,8 @@ impl SplitRule {
     ///   taking 2 units of fixed cost (q, epilogue) plus one per tile; a CTA takes up to 64
     ///   heads of one query token, or on sm_90a the packed tokens of a few-head request
     ///   ([`SplitRule::ctas_per_split`]);
-    /// - the combine, when there are splits, costs a unit, half a unit per batch of four
-    ///   splits it walks in order (a memory latency each), and the f32 partials it moves
+    /// - the combine, when there are splits, costs a unit, half a unit per batch of eight
+    ///   splits whose partials it reads together (a memory latency each), and the f32 partials it moves
     ///   (written and read) at the rate a wave moves key tiles (`slots` x 36 KB a unit).
     ///
     /// A split holds at least four tiles (128 keys).
@@ -179,9 +179,10 @@ impl SplitRule {
         let tiles = max_kv_len.div_ceil(splits).div_ceil(TILE) as f64;
         let stage1 = waves * (2.0 + tiles);
         let combine = if splits > 1 {
-            // A launch, a memory latency per batch of four splits it walks, the bytes.
+            // A launch, a memory latency per batch of eight splits it reads (half a unit
+            // each), the bytes.
             let partial_bytes = (rows * heads * splits * (kv_lora_rank + 1) * 8) as f64;
-            1.0 + splits as f64 / 8.0 + partial_bytes / (slots as f64 * 36_864.0)
+            1.0 + splits as f64 / 16.0 + partial_bytes / (slots as f64 * 36_864.0)
         } else {
             0.0
         };
@@ -316,11 +317,11 @@ mod tests {
         // (len, rows, heads) -> splits, as the cost model ranks them.
         let cases = [
             ((1024, 1, 16), 8),
-            ((8192, 1, 16), 43),
+            ((8192, 1, 16), 64),
             ((32768, 4, 16), 64),
             ((4096, 32, 16), 8),
             ((4096, 128, 16), 2),
-            ((8192, 1, 128), 32),
+            ((8192, 1, 128), 37),
             ((2048, 128, 128), 1),
             ((0, 1, 16), 1),
             ((1 << 20, 1, 16), 64),
