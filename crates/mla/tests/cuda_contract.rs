@@ -142,6 +142,22 @@ fn many_splits_and_long_contexts() {
 }
 
 #[test]
+fn the_combine_on_each_of_its_launch_shapes() {
+    // The combine takes 1, 2, 4 or 8 warps a head (backend/cuda/combine.rs: 16 splits a warp
+    // at once, more in turns; fewer warps where the rows fill the GPU) and 8, 4, 2 or 1 heads
+    // a CTA, the last CTA padded when the heads do not divide; empty splits (short rows) sit
+    // among full ones.
+    for heads in [5, 17, 128] {
+        for splits in [2, 17, 33, 100, 300] {
+            let s = spec(heads, 16, &[3000, 40, 0, 1500], 1, Mask::Causal);
+            let mut case = Case::new(s);
+            case.fixed_splits = Some(splits);
+            check(&case);
+        }
+    }
+}
+
+#[test]
 fn other_latent_widths() {
     for (l, r) in [(256, 32), (128, 16), (512, 0)] {
         let mut s = spec(24, 16, &[90, 1031], 1, Mask::Causal);

@@ -65,7 +65,7 @@ const TILE: usize = 32;
 /// Keys per tile of the wgmma and narrow kernels (sm_90a).
 const WGMMA_TILE_KEYS: usize = 64;
 /// Fewest tiles a split of the fill rule holds.
-const MIN_TILES: usize = 4;
+const MIN_TILES: usize = 1;
 
 /// How a backend cuts each row's keys into splits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,8 +84,9 @@ pub enum SplitRule {
         kv_lora_rank: usize,
         /// Most splits a row gets (the combine walks them in order).
         max_splits: usize,
-        /// Whether the GPU runs the wgmma kernel's packed variant (sm_90a), which takes the
-        /// query tokens of a few-head request in one CTA ([`packing`]).
+        /// Whether the GPU runs the wgmma kernel (sm_90a): 64-key tiles from 17 heads, and
+        /// its packed variant, which takes the query tokens of a few-head request in one CTA
+        /// ([`packing`]).
         wgmma: bool,
         /// Whether it runs the narrow kernel for few heads (sm_90a, a cache in the model
         /// dtype): one CTA a request's [`narrow_tokens`], one CTA per SM.
@@ -150,11 +151,13 @@ impl SplitRule {
     ///   taking 2 units of fixed cost (q, epilogue) plus one per tile; a CTA takes up to 64
     ///   heads of one query token, or on sm_90a the packed tokens of a few-head request
     ///   ([`SplitRule::ctas_per_split`]);
-    /// - the combine, when there are splits, costs a unit, half a unit per batch of eight
-    ///   splits whose partials it reads together (a memory latency each), and the f32 partials it moves
+    /// - the combine, when there are splits, costs a unit, a unit per 32 splits (its warps
+    ///   read a row's splits side by side, 16 each at once), and the f32 partials it moves
     ///   (written and read) at the rate a wave moves key tiles (`slots` x 36 KB a unit).
     ///
-    /// A split holds at least four tiles (128 keys).
+    /// A split holds at least one tile (32 keys): at batch 1 the fixed cost of a CTA is most
+    /// of its time, and 32 splits of 1024 keys measured 10.8 us against 14.0 for 8 (H200,
+    /// 16 heads).
     ///
     /// Crude on purpose: it only has to rank split counts, and it is checked by the GPU
     /// benchmarks (BENCHMARKS.md), not trusted.
@@ -184,10 +187,9 @@ impl SplitRule {
         let tiles = (max_kv_len.div_ceil(splits).div_ceil(tile) * (tile / TILE)) as f64;
         let stage1 = waves * (2.0 + tiles);
         let combine = if splits > 1 {
-            // A launch, a memory latency per batch of eight splits it reads (half a unit
-            // each), the bytes.
+            // A launch, the splits' partials read side by side, the bytes.
             let partial_bytes = (rows * heads * splits * (kv_lora_rank + 1) * 8) as f64;
-            1.0 + splits as f64 / 16.0 + partial_bytes / (slots as f64 * 36_864.0)
+            1.0 + splits as f64 / 32.0 + partial_bytes / (slots as f64 * 36_864.0)
         } else {
             0.0
         };
@@ -335,12 +337,12 @@ mod tests {
         let rule = h200(false, false);
         // (len, rows, heads) -> splits, as the cost model ranks them.
         let cases = [
-            ((1024, 1, 16), 8),
+            ((1024, 1, 16), 32),
             ((8192, 1, 16), 64),
             ((32768, 4, 16), 64),
             ((4096, 32, 16), 8),
             ((4096, 128, 16), 2),
-            ((8192, 1, 128), 37),
+            ((8192, 1, 128), 43),
             ((2048, 128, 128), 1),
             ((0, 1, 16), 1),
             ((1 << 20, 1, 16), 64),

@@ -227,10 +227,19 @@ pub(crate) fn launch<P: KernelParams>(
     smem: u32,
     params: &P,
 ) -> Result<()> {
-    launch_with(stream, func, grid, block, smem, params, false)
+    launch_with(
+        stream,
+        func,
+        (grid.0, grid.1, 1),
+        block,
+        smem,
+        params,
+        false,
+    )
 }
 
-/// [`launch`], or with `dependent` a programmatic dependent launch (sm_90 and up): the kernel
+/// [`launch`] on a grid of three dimensions, or with `dependent` a programmatic dependent
+/// launch (sm_90 and up): the kernel
 /// may start before the previous one on the stream has finished, once all of that one's CTAs
 /// have signalled (`griddepcontrol.launch_dependents`); it must wait
 /// (`griddepcontrol.wait`) before it reads what the previous one writes. Its launch latency
@@ -241,7 +250,7 @@ pub(crate) fn launch<P: KernelParams>(
 pub(crate) fn launch_with<P: KernelParams>(
     stream: &CudaStream,
     func: &CudaFunction,
-    grid: (u32, u32),
+    grid: (u32, u32, u32),
     block: (u32, u32),
     smem: u32,
     params: &P,
@@ -260,7 +269,7 @@ pub(crate) fn launch_with<P: KernelParams>(
     let config = sys::CUlaunchConfig {
         gridDimX: grid.0,
         gridDimY: grid.1,
-        gridDimZ: 1,
+        gridDimZ: grid.2,
         blockDimX: block.0,
         blockDimY: block.1,
         blockDimZ: 1,

@@ -12,6 +12,7 @@
 //! synchronization, so it can be captured in a CUDA graph.
 
 pub mod cache;
+mod combine;
 pub mod compile;
 pub(crate) mod ffi;
 mod params;
@@ -26,6 +27,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nvrtc::Ptx;
 
+use self::combine::CombineShape;
 use self::compile::{Built, Target};
 use self::params::{DecodeParams, NarrowParams, Pointers};
 use self::registry::Variant;
@@ -56,6 +58,8 @@ pub struct CudaBackend {
     ordinal: usize,
     target: Target,
     smem_limit: usize,
+    /// SMs of the device (the combine's launch shape).
+    sm_count: usize,
     /// Whether single-token decodes take the device-computed schedule (chosen by
     /// `configure`; docs/scheduler.md).
     schedule: bool,
@@ -120,6 +124,7 @@ impl CudaBackend {
             ordinal,
             target,
             smem_limit,
+            sm_count,
             schedule: false,
             kernels: HashMap::new(),
             chosen: None,
@@ -201,12 +206,13 @@ impl CudaBackend {
                 ),
             ));
         }
-        // The kernels index heads with i32; the combine's grid has heads / 4 in y (<= 65535).
-        if i32::try_from(cfg.q_heads).is_err() || cfg.q_heads.div_ceil(COMBINE_HEADS) > 65_535 {
+        // The kernels index heads with i32; the combine's grid has a head block in y.
+        if i32::try_from(cfg.q_heads).is_err() || cfg.q_heads > CombineShape::MAX_HEADS {
             return Err(Error::config(
                 "num_heads",
                 format!(
-                    "the CUDA backend takes at most 262140 query heads, got {}",
+                    "the CUDA backend takes at most {} query heads, got {}",
+                    CombineShape::MAX_HEADS,
                     cfg.q_heads
                 ),
             ));
@@ -257,11 +263,15 @@ impl CudaBackend {
         self.scheduled_decodes
     }
 
-    /// `rule` modelling the token-packing kernels `configure` chose: the wgmma kernel's packed
-    /// variant and the narrow kernel, where this decoder has them.
+    /// `rule` modelling the kernels `configure` chose: the wgmma kernel (its 64-key tiles, its
+    /// packed variant) and the narrow kernel, where this decoder has them.
     pub(crate) fn split_rule(&self, rule: SplitRule) -> SplitRule {
         match self.chosen {
-            Some(k) => rule.with_kernels(k.stage1.packed.is_some(), k.stage1.narrow.is_some()),
+            Some(k) => {
+                let wgmma = k.stage1.packed.is_some()
+                    || k.stage1.decode.family == registry::Family::DecodeWgmma;
+                rule.with_kernels(wgmma, k.stage1.narrow.is_some())
+            }
             None => rule,
         }
     }
@@ -496,13 +506,19 @@ impl CudaBackend {
         }
         if plan.num_kv_splits > 1 {
             let f = self.kernel(k.combine)?.clone();
-            let block = (k.combine.threads(), 1);
+            let shape = CombineShape::new(
+                plan.rows,
+                plan.heads,
+                plan.kv_lora_rank,
+                Some(plan.num_kv_splits),
+                self.sm_count,
+            );
             ffi::launch_with(
                 &self.stream,
                 &f,
-                combine_grid(plan),
-                block,
-                0,
+                shape.grid,
+                shape.block,
+                shape.smem,
                 &params,
                 k.pdl,
             )?;
@@ -519,15 +535,6 @@ impl CudaBackend {
             .as_ref()
             .map_or(0, |w| address(w, &self.stream))
     }
-}
-
-/// Heads of a combine CTA (kernels/combine/kernel.cu: four warps, a head each).
-const COMBINE_HEADS: usize = 4;
-
-/// The combine's grid, split or scheduled: a CTA per query row and [`COMBINE_HEADS`] heads
-/// (`configure` checked that the heads fit the grid's y).
-fn combine_grid(plan: &DecodePlan) -> (u32, u32) {
-    (plan.rows as u32, plan.heads.div_ceil(COMBINE_HEADS) as u32)
 }
 
 /// Loads a cubin into `ctx`. A cubin from the disk cache that the driver refuses (a damaged

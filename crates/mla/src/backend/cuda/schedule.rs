@@ -4,9 +4,10 @@
 //! scheduler kernel run on its own for the tests that hold it to its reference
 //! (`plan::schedule::Schedule::build`).
 
+use super::combine::CombineShape;
 use super::params::{DecodeParams, ScheduleParams};
 use super::registry::Variant;
-use super::{CudaBackend, address, combine_grid, ffi, registry};
+use super::{CudaBackend, address, ffi, registry};
 use crate::error::{Error, Result};
 use crate::plan::schedule::{Cursor, Jobs, Schedule, ScheduledGrid};
 use crate::plan::{DecodePlan, Mask, ScheduledViews};
@@ -95,7 +96,7 @@ impl CudaBackend {
         ffi::launch_with(
             &st,
             &f,
-            grid,
+            (grid.0, grid.1, 1),
             (v.threads(), 1),
             v.smem_bytes() as u32,
             &sp,
@@ -106,7 +107,14 @@ impl CudaBackend {
             ..combine
         };
         let f = self.kernel(v)?.clone();
-        ffi::launch_with(&st, &f, combine_grid(plan), (v.threads(), 1), 0, &sp, pdl)?;
+        let shape = CombineShape::new(
+            plan.rows,
+            plan.heads,
+            plan.kv_lora_rank,
+            None,
+            self.sm_count,
+        );
+        ffi::launch_with(&st, &f, shape.grid, shape.block, shape.smem, &sp, pdl)?;
         self.scheduled_decodes += 1;
         Ok(())
     }
