@@ -196,14 +196,15 @@ impl MlaConfig {
             _ if self.batch_invariant => SplitRule::Single,
             (_, Some(splits)) => SplitRule::Fixed { splits },
             (DeviceInfo::Cpu { .. }, None) => SplitRule::Vllm { sm_count },
-            // Which token-packing kernels run is the backend's choice: it says so once it has
-            // chosen them (`Backend::split_rule`).
+            // Which kernels run is the backend's choice: it says so once it has chosen them
+            // (`Backend::split_rule`).
             (DeviceInfo::Cuda { .. }, None) => SplitRule::Fill {
                 sm_count,
                 kv_lora_rank: self.kv_lora_rank,
                 max_splits: 64,
                 wgmma: false,
                 narrow: false,
+                decode_tile: crate::plan::splits::TILE,
             },
         };
         Ok(ValidConfig {

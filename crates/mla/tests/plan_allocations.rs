@@ -79,6 +79,7 @@ fn the_gpu_split_rule_allocates_nothing() {
         max_splits: 64,
         wgmma: true,
         narrow: true,
+        decode_tile: 64,
     };
     let (n, splits) = allocations(|| {
         [(8192, 1, 16), (4096, 32, 128), (1 << 20, 1, 16)]

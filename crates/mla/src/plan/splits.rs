@@ -60,10 +60,11 @@ pub fn narrow_pages(page_size: usize) -> bool {
 
 /// Keys per split that vLLM's rule aims at.
 const KEYS_PER_SPLIT: usize = 512;
-/// Keys per tile of the GPU kernels (the fill rule's unit of work).
-const TILE: usize = 32;
+/// Keys per tile of the mma kernel (the fill rule's unit of work, and the tile it assumes
+/// until a backend names its decode kernel's).
+pub const TILE: usize = 32;
 /// Keys per tile of the wgmma and narrow kernels (sm_90a).
-const WGMMA_TILE_KEYS: usize = 64;
+pub const WGMMA_TILE_KEYS: usize = 64;
 /// Fewest tiles a split of the fill rule holds.
 const MIN_TILES: usize = 1;
 
@@ -84,13 +85,15 @@ pub enum SplitRule {
         kv_lora_rank: usize,
         /// Most splits a row gets (the combine walks them in order).
         max_splits: usize,
-        /// Whether the GPU runs the wgmma kernel (sm_90a): 64-key tiles from 17 heads, and
-        /// its packed variant, which takes the query tokens of a few-head request in one CTA
-        /// ([`packing`]).
+        /// Whether the GPU runs the wgmma kernel's packed variant (sm_90a), which takes the
+        /// query tokens of a few-head request in one CTA ([`packing`]).
         wgmma: bool,
         /// Whether it runs the narrow kernel for few heads (sm_90a, a cache in the model
         /// dtype): one CTA a request's [`narrow_tokens`], one CTA per SM.
         narrow: bool,
+        /// Keys per tile of the kernel of the decodes that neither packs (the backend's
+        /// single-token kernel): [`TILE`] for the mma kernel, [`WGMMA_TILE_KEYS`] for wgmma.
+        decode_tile: usize,
     },
     /// One split per row: batch-invariant mode (a row's result never depends on the batch).
     Single,
@@ -103,9 +106,10 @@ pub enum SplitRule {
 }
 
 impl SplitRule {
-    /// The fill rule modelling the token-packing kernels a backend chose (`wgmma`: the wgmma
-    /// kernel's packed variant, `narrow`: the narrow kernel); other rules as they are.
-    pub fn with_kernels(self, wgmma: bool, narrow: bool) -> SplitRule {
+    /// The fill rule modelling the kernels a backend chose (`wgmma`: the wgmma kernel's
+    /// packed variant, `narrow`: the narrow kernel, `decode_tile`: the keys a tile of the
+    /// kernel of the other decodes); other rules as they are.
+    pub fn with_kernels(self, wgmma: bool, narrow: bool, decode_tile: usize) -> SplitRule {
         match self {
             SplitRule::Fill {
                 sm_count,
@@ -118,6 +122,7 @@ impl SplitRule {
                 max_splits,
                 wgmma,
                 narrow,
+                decode_tile,
             },
             other => other,
         }
@@ -196,18 +201,21 @@ impl SplitRule {
         stage1 + combine
     }
 
-    /// Keys per tile of the kernel a split runs on: 64 for the wgmma kernel (sm_90a, 17 heads
-    /// or more, or packed tokens) and the narrow kernel, else the mma kernel's [`TILE`].
+    /// Keys per tile of the kernel a split runs on: 64 for packed tokens (the wgmma and the
+    /// narrow kernel), else the backend's decode kernel's.
     fn tile_keys(self, query_len: usize, heads: usize) -> usize {
-        let SplitRule::Fill { wgmma, narrow, .. } = self else {
+        let SplitRule::Fill {
+            wgmma,
+            narrow,
+            decode_tile,
+            ..
+        } = self
+        else {
             return TILE;
         };
-        let wgmma_tile = wgmma && (heads >= WGMMA_MIN_ROWS || packing(heads, query_len).is_some());
-        if wgmma_tile || (narrow && narrow_tokens(heads, query_len).is_some()) {
-            WGMMA_TILE_KEYS
-        } else {
-            TILE
-        }
+        let packs = (wgmma && packing(heads, query_len).is_some())
+            || (narrow && narrow_tokens(heads, query_len).is_some());
+        if packs { WGMMA_TILE_KEYS } else { decode_tile }
     }
 
     /// The CTAs a split of the batch takes, and how many of them an SM runs at once: the
@@ -321,7 +329,7 @@ mod tests {
     use super::*;
 
     /// The fill rule of an H200 (132 SMs, L = 512, up to 64 splits) running the token-packing
-    /// kernels named.
+    /// kernels named, and the mma kernel for the other decodes.
     fn h200(wgmma: bool, narrow: bool) -> SplitRule {
         SplitRule::Fill {
             sm_count: 132,
@@ -329,6 +337,7 @@ mod tests {
             max_splits: 64,
             wgmma,
             narrow,
+            decode_tile: TILE,
         }
     }
 
@@ -357,8 +366,9 @@ mod tests {
         // On Hopper 128 heads run the wgmma kernel's 64-key tiles, which start at a split's
         // first key: 37 splits of 222 keys take as many tiles as 32 of 256 (measured on the
         // H200: 27.2 us against 25.3), 43 of 191 one fewer.
-        assert_eq!(h200(true, true).splits(8192, 1, 1, 128), 43);
-        assert_eq!(h200(true, true).splits(8192, 1, 1, 16), 64);
+        let hopper = |decode_tile| h200(false, false).with_kernels(true, true, decode_tile);
+        assert_eq!(hopper(WGMMA_TILE_KEYS).splits(8192, 1, 1, 128), 43);
+        assert_eq!(hopper(TILE).splits(8192, 1, 1, 16), 64);
         let vllm = SplitRule::Vllm { sm_count: 132 };
         assert_eq!(vllm.splits(8192, 1, 1, 16), 16);
     }
@@ -426,7 +436,7 @@ mod tests {
     #[test]
     fn a_backend_tells_the_fill_rule_which_packing_kernels_it_runs() {
         let fill = h200(false, false);
-        let hopper = fill.with_kernels(true, true);
+        let hopper = fill.with_kernels(true, true, TILE);
         assert_eq!(hopper, h200(true, true));
         // 8 heads x 2 tokens: one narrow CTA a request on Hopper, a CTA a token otherwise.
         assert_eq!(hopper.ctas_per_split(128, 2, 8), (64, 1));
@@ -436,7 +446,7 @@ mod tests {
             SplitRule::Vllm { sm_count: 8 },
             SplitRule::Fixed { splits: 3 },
         ] {
-            assert_eq!(other.with_kernels(true, true), other);
+            assert_eq!(other.with_kernels(true, true, WGMMA_TILE_KEYS), other);
         }
     }
 

@@ -263,15 +263,16 @@ impl CudaBackend {
         self.scheduled_decodes
     }
 
-    /// `rule` modelling the kernels `configure` chose: the wgmma kernel (its 64-key tiles, its
-    /// packed variant) and the narrow kernel, where this decoder has them.
+    /// `rule` modelling the kernels `configure` chose: the token-packing ones (the wgmma
+    /// kernel's packed variant, the narrow kernel) where this decoder has them, and the tile
+    /// of the kernel of its other decodes.
     pub(crate) fn split_rule(&self, rule: SplitRule) -> SplitRule {
         match self.chosen {
-            Some(k) => {
-                let wgmma = k.stage1.packed.is_some()
-                    || k.stage1.decode.family == registry::Family::DecodeWgmma;
-                rule.with_kernels(wgmma, k.stage1.narrow.is_some())
-            }
+            Some(k) => rule.with_kernels(
+                k.stage1.packed.is_some(),
+                k.stage1.narrow.is_some(),
+                k.stage1.decode.tile_keys(),
+            ),
             None => rule,
         }
     }

@@ -58,7 +58,7 @@ pub enum Family {
     /// Stage 1 for few heads on Hopper (sm_90a): keys as wgmma's rows, up to 16 query rows a
     /// CTA, the keys streamed by TMA through a ring of 8 KB chunks.
     DecodeNarrow,
-    /// Stage 2: the ascending merge of the splits.
+    /// Stage 2: the merge of each row's splits.
     Combine,
     /// The work schedule of a scheduled decode (`MlaConfig::device_schedule`), from the
     /// device's lengths; `plan::schedule` is its reference.
@@ -106,7 +106,7 @@ impl Family {
 }
 
 /// Keys per tile of the mma kernel.
-pub const BLOCK_N: usize = 32;
+pub const BLOCK_N: usize = splits::TILE;
 
 /// Rows (heads x packed tokens) per CTA and keys per tile of the wgmma kernel.
 pub const WGMMA_TILE: usize = splits::WGMMA_ROWS;
@@ -189,6 +189,15 @@ impl Variant {
             Family::DecodeMma => true,
             Family::DecodeWgmma => !self.packed,
             _ => false,
+        }
+    }
+
+    /// Keys per tile of this stage-1 variant (its `BN`): the split rule's unit of work.
+    pub fn tile_keys(&self) -> usize {
+        match self.family {
+            Family::DecodeMma => BLOCK_N,
+            Family::DecodeWgmma | Family::DecodeNarrow => splits::WGMMA_TILE_KEYS,
+            Family::Combine | Family::Schedule => 0,
         }
     }
 
@@ -708,6 +717,19 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn each_stage1_family_names_its_tile_for_the_split_rule() {
+        // The kernels' BN: decode_mma's MLA_BN, decode_wgmma's and decode_narrow's 64.
+        let mma = mma_variant(16, bf16(KvFormat::Bf16), 232_448).unwrap();
+        let wgmma = wgmma_variant(bf16(KvFormat::Bf16), 232_448).unwrap();
+        let narrow = narrow_variant(bf16(KvFormat::Bf16), 232_448).unwrap();
+        assert!(
+            mma.defines()
+                .contains(&format!("-DMLA_BN={}", mma.tile_keys()))
+        );
+        assert_eq!((wgmma.tile_keys(), narrow.tile_keys()), (64, 64));
     }
 
     #[test]
