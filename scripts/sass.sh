@@ -23,7 +23,7 @@ fi
 cargo build --release -q -p mla-cli
 cache=target/sass/cache
 out=target/sass
-rm -rf "$cache" && mkdir -p "$cache"
+rm -rf "$cache" && mkdir -p "$cache" && rm -f "$out"/*.sass
 LD_LIBRARY_PATH=$(scripts/ci/nvrtc.sh) MLA_CACHE_DIR="$cache" target/release/mla precompile --arch "$arch" > "$out/precompile.txt"
 for cubin in "$cache"/*.cubin; do
   name=$(basename "$cubin" .cubin)

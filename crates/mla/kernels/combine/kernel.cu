@@ -28,6 +28,7 @@
  *
  * Compile-time configuration: MLA_L (a multiple of 128), MLA_BF16, MLA_SCHED.
  */
+#include "common/keys.cuh"
 #include "common/ptx.cuh"
 #include "common/rows.cuh"
 #include "params.cuh"
@@ -84,9 +85,8 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mla_decode_combine(cons
 #else
     const int splits = p.num_kv_splits;
     const KeyRange keys = row_keys(p, row, false);  // stage 1 already raised any error
-    // Split s holds a key when keys.start + s per < keys.end (common/rows.cuh, split_keys),
-    // the division once here rather than once a split.
-    const int per = (keys.end - keys.start + splits - 1) / splits;
+    const int per = split_len(keys, splits);           // the division once, not once a split
+    const i64 slot0 = split_slot(p, row, 0, head);    // split s's slot: slot0 + s heads
 #endif
 
     // A split's partial LSE (base 2), -inf when it holds no key (then it is never read).
@@ -94,8 +94,8 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mla_decode_combine(cons
 #if MLA_SCHED
         return p.part_lse[first + s * step] * LOG2E;
 #else
-        return keys.start + s * per < keys.end ? p.part_lse[((i64)row * splits + s) * p.heads + head] * LOG2E
-                               : bits_to_float(0xff800000u);
+        const KeyRange k = split_at(keys, s, per);
+        return k.start < k.end ? p.part_lse[slot0 + (i64)s * p.heads] * LOG2E : bits_to_float(0xff800000u);
 #endif
     };
     // Four columns of a split's partial output.
@@ -103,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mla_decode_combine(cons
 #if MLA_SCHED
         return *(const f32x4*)(p.part_o + (first + s * step) * L + col);
 #else
-        return *(const f32x4*)(p.part_o + (((i64)row * splits + s) * p.heads + head) * L + col);
+        return *(const f32x4*)(p.part_o + (slot0 + (i64)s * p.heads) * L + col);
 #endif
     };
 

@@ -52,15 +52,16 @@ __device__ __forceinline__ i64 key_offset(const DecodeParams& p, int pos, i64 bl
     return (block * p.page_stride + (i64)slot * p.token_stride) * ELEM;
 }
 
-/// The workspace slot of this CTA's split (blockIdx.y) of row `row`, head `head`.
-__device__ __forceinline__ i64 split_slot(const DecodeParams& p, int row, int head) {
-    return ((i64)row * p.num_kv_splits + blockIdx.y) * p.heads + head;
+/// The workspace slot of split `split` of row `row`, head `head` on the split grid
+/// ([rows, splits, H]); split s + 1 is p.heads slots further on.
+__device__ __forceinline__ i64 split_slot(const DecodeParams& p, int row, int split, int head) {
+    return ((i64)row * p.num_kv_splits + split) * p.heads + head;
 }
 
 /// Where the split grid's CTA (split blockIdx.y) writes row `row`, head `head`: o and lse
 /// with one split (-1), else the split's workspace row.
 __device__ __forceinline__ i64 grid_at(const DecodeParams& p, int row, int head) {
-    return p.num_kv_splits == 1 ? -1 : split_slot(p, row, head);
+    return p.num_kv_splits == 1 ? -1 : split_slot(p, row, blockIdx.y, head);
 }
 
 /// Output pairs i = 0 .. PAIRS - 1 of row `row`, head `head`, at latent columns col0 +

@@ -60,11 +60,21 @@ __device__ __forceinline__ const u16* q_piece(const DecodeParams& p, int row, in
                      : (const u16*)p.q_rope + row * p.q_rope_row + head * p.q_rope_head + (k - L / 8) * 8;
 }
 
-/// Split `s` of `splits`: per = ceil(len / splits), keys [start + s * per, ...) clipped.
-__device__ __forceinline__ KeyRange split_keys(KeyRange k, int s, int splits) {
-    const int per = (k.end - k.start + splits - 1) / splits;
+/// Keys of each split of `splits` (the last may hold fewer): per = ceil(len / splits).
+__device__ __forceinline__ int split_len(KeyRange k, int splits) {
+    return (k.end - k.start + splits - 1) / splits;
+}
+
+/// Split `s` of keys `k` cut into splits of `per` keys (split_len): [start + s * per, ...)
+/// clipped. For a kernel that visits many splits of one row (the division once).
+__device__ __forceinline__ KeyRange split_at(KeyRange k, int s, int per) {
     const int start = min(k.start + s * per, k.end);
     return {start, min(start + per, k.end)};
+}
+
+/// Split `s` of `splits`: per = ceil(len / splits), keys [start + s * per, ...) clipped.
+__device__ __forceinline__ KeyRange split_keys(KeyRange k, int s, int splits) {
+    return split_at(k, s, split_len(k, splits));
 }
 
 /// Where a CTA that packs query tokens tok0 .. tok0 + tokens of one request (KV length `len`)
