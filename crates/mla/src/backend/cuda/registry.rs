@@ -239,7 +239,7 @@ impl Variant {
             Family::DecodeMma => 128 * self.row_warps as u32,
             Family::DecodeWgmma => 256,
             Family::DecodeNarrow => 384,
-            Family::Combine => 256,
+            Family::Combine => 32 * super::combine::WARPS as u32,
             Family::Schedule => 1024,
         }
     }

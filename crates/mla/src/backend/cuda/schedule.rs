@@ -83,7 +83,7 @@ impl CudaBackend {
                 what: "grid",
                 detail: format!("{} head blocks", g.head_blocks),
             })?;
-        let grid = (cta_count as u32, blocks);
+        let grid = (cta_count as u32, blocks, 1);
         let st = self.stream.clone();
         let v = registry::schedule_variant();
         let f = self.kernel(v)?.clone();
@@ -96,7 +96,7 @@ impl CudaBackend {
         ffi::launch_with(
             &st,
             &f,
-            (grid.0, grid.1, 1),
+            grid,
             (v.threads(), 1),
             v.smem_bytes() as u32,
             &sp,
