@@ -3,7 +3,7 @@
 # (scripts/gpu/build.sh) and optionally .anchors/ carried. Writes every log into $OUT (the
 # folder that comes back), or ./results when $OUT is unset. The last lines printed are a
 # summary.
-#   scripts/gpu/run.sh [all|tests|try|memcheck|racecheck|pytest|bench|compare|narrow|schedule|cases|pdl|sweep|ablate|profile|dcp|mtp|anchors] ...
+#   scripts/gpu/run.sh [all|tests|try|memcheck|racecheck|pytest|bench|compare|narrow|schedule|cases|pdl|sweep|ablate|profile|dcp|mtp|fp8q|anchors] ...
 # `ablate` times the wgmma kernel with parts switched off (MLA_EXTRA_DEFINES, see
 # kernels/decode_wgmma/NOTES.md); `dcp` runs the two-GPU DCP test and `mla bench --dcp 2`
 # (needs two GPUs).
@@ -331,6 +331,15 @@ if has mtp && [ -f .anchors/anchors.py ]; then
   note "anchors mtp: rc=$? (anchors-mtp.txt)"
   tail -n 20 "$out/anchors-mtp.txt"
   cp "$out/anchors-mtp.json" "$final/" 2>/dev/null
+fi
+
+if has fp8q && [ -f .anchors/anchors.py ]; then
+  # fp8 caches: FlashMLA's fp8 path against ours with a bf16 query and in the fp8-query mode.
+  PYTHONUNBUFFERED=1 timeout "$limit" python3 scripts/gpu/anchors_fp8q.py --ref .anchors \
+    --out "$out/anchors-fp8q.json" > "$out/anchors-fp8q.txt" 2>&1
+  note "anchors fp8q: rc=$? (anchors-fp8q.txt)"
+  tail -n 24 "$out/anchors-fp8q.txt"
+  cp "$out/anchors-fp8q.json" "$final/" 2>/dev/null
 fi
 
 if has anchors && [ -f .anchors/anchors.py ]; then

@@ -61,6 +61,11 @@ pub struct BenchArgs {
     /// docs/scheduler.md) instead of the split grid.
     #[arg(long)]
     schedule: bool,
+    /// The fp8-query mode (MlaConfig::fp8_query): q quantized to e4m3 (q_scale 1/64, which
+    /// suits the drawn q ~ N(0, 1)), P rounded to e4m3; needs an fp8 cache. Over the default
+    /// grid, its fp8 cases take it.
+    #[arg(long)]
+    fp8_query: bool,
     /// Timed runs per case: CPU decodes, or GPU graph replays (default 5; anchors use 10).
     #[arg(long, value_parser = positive)]
     iters: Option<usize>,
@@ -103,6 +108,8 @@ struct Case {
     fixed_splits: Option<usize>,
     /// `--schedule`: the device-computed schedule asked for.
     device_schedule: bool,
+    /// `--fp8-query`: the fp8-query mode.
+    fp8_query: bool,
 }
 
 /// What a case measured.
@@ -150,13 +157,15 @@ impl BenchArgs {
             varlen: self.varlen,
             fixed_splits: self.splits,
             device_schedule: self.schedule,
+            fp8_query: self.fp8_query,
         }
     }
 }
 
 /// The default grid: DeepSeek-V3 shapes (576-wide rows, page 64), sized for a CPU, with
-/// `fixed_splits` (`--splits`) and `device_schedule` (`--schedule`) for every case.
-fn grid(fixed_splits: Option<usize>, device_schedule: bool) -> Vec<Case> {
+/// `fixed_splits` (`--splits`) and `device_schedule` (`--schedule`) for every case and
+/// `fp8_query` (`--fp8-query`) for the fp8 ones.
+fn grid(fixed_splits: Option<usize>, device_schedule: bool, fp8_query: bool) -> Vec<Case> {
     let mut cases = Vec::new();
     for heads in [16, 128] {
         for kv in ["bf16", "fp8"] {
@@ -173,6 +182,7 @@ fn grid(fixed_splits: Option<usize>, device_schedule: bool) -> Vec<Case> {
                     varlen: false,
                     fixed_splits,
                     device_schedule,
+                    fp8_query: fp8_query && kv == "fp8",
                 });
             }
         }
@@ -196,7 +206,7 @@ pub fn run(args: &BenchArgs) -> mla::Result<()> {
     let cases = if args.has_case() {
         vec![args.case()]
     } else {
-        grid(args.splits, args.schedule)
+        grid(args.splits, args.schedule, args.fp8_query)
     };
     let iters = args.iters.unwrap_or(5);
     let mut progress = Progress::new(cases.len(), args.json);
@@ -233,6 +243,7 @@ fn config(case: &Case) -> mla::Result<(MlaConfig, CacheDtype)> {
     cfg.sliding_window = case.window;
     cfg.num_kv_splits = case.fixed_splits;
     cfg.device_schedule = case.device_schedule;
+    cfg.fp8_query = case.fp8_query;
     Ok((cfg, cache))
 }
 
@@ -414,7 +425,7 @@ fn print_table(rows: &[Measured]) {
         );
     }
     println!(
-        "{:>5} {:>5} {:>7} {:>5} {:>5} {:>3} {:>7} {:>7} {:>11} {:>8} {:>8} {:>9} {:>9}",
+        "{:>5} {:>5} {:>7} {:>5} {:>8} {:>3} {:>7} {:>7} {:>11} {:>8} {:>8} {:>9} {:>9}",
         "batch",
         "heads",
         "ctx",
@@ -442,12 +453,12 @@ fn print_table(rows: &[Measured]) {
             c.query_len.to_string()
         };
         println!(
-            "{:>5} {:>5} {:>7} {:>5} {:>5} {:>3} {:>7} {:>7} {:>11} {:>8.1} {:>8.3} {:>9.2e} {:>9.2e}",
+            "{:>5} {:>5} {:>7} {:>5} {:>8} {:>3} {:>7} {:>7} {:>11} {:>8.1} {:>8.3} {:>9.2e} {:>9.2e}",
             c.batch,
             c.heads,
             ctx,
             c.page,
-            c.kv_dtype,
+            kv_name(c),
             q,
             c.window.map_or("-".into(), |w| w.to_string()),
             m.num_kv_splits,
@@ -457,6 +468,15 @@ fn print_table(rows: &[Measured]) {
             m.err_o,
             m.err_lse
         );
+    }
+}
+
+/// The cache dtype as the table shows it: `+q8` marks the fp8-query mode.
+fn kv_name(c: &Case) -> String {
+    if c.fp8_query {
+        format!("{}+q8", c.kv_dtype)
+    } else {
+        c.kv_dtype.clone()
     }
 }
 
@@ -499,7 +519,10 @@ impl Progress {
         let i = self.index;
         let what = format!(
             "B={} H={} ctx={} kv={}",
-            c.batch, c.heads, c.ctx, c.kv_dtype
+            c.batch,
+            c.heads,
+            c.ctx,
+            kv_name(c)
         );
         match &self.bar {
             Some(bar) => bar.set_message(what),

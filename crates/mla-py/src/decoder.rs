@@ -8,7 +8,7 @@ use pyo3::types::PyTuple;
 use mla::cudarc::driver::sys::CUstream;
 use mla::{
     CacheDtype, DecodeInputs, DecodeOutputs, Device, DeviceInfo, Mask, MlaConfig, MlaDecode,
-    ModelDtype, Query,
+    ModelDtype, Query, TensorRef,
 };
 
 use crate::errors::to_py;
@@ -67,12 +67,13 @@ impl PyMlaDecode {
     /// A decoder for `num_heads` query heads (times `dcp_world_size`) with softmax `scale`.
     /// `kv_cache_dtype` takes vLLM's names; `dtype` is the model (query) dtype;
     /// `device_schedule` puts single-token decodes on the schedule the GPU computes from the
-    /// lengths (faster when they vary, see MlaConfig::device_schedule).
+    /// lengths (faster when they vary, see MlaConfig::device_schedule); `fp8_query` (an fp8
+    /// cache) quantizes q to e4m3 with the `q_scale` of each forward (MlaConfig::fp8_query).
     #[new]
     #[pyo3(signature = (
         num_heads, scale, kv_cache_dtype = "auto", kv_lora_rank = 512, qk_rope_head_dim = 64,
         sliding_window = None, batch_invariant = false, dtype = None, dcp_world_size = 1,
-        device_schedule = false
+        device_schedule = false, fp8_query = false
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -86,6 +87,7 @@ impl PyMlaDecode {
         dtype: Option<&Bound<'_, PyAny>>,
         dcp_world_size: usize,
         device_schedule: bool,
+        fp8_query: bool,
     ) -> PyResult<Self> {
         let mut config = MlaConfig::new(num_heads, scale);
         config.kv_cache_dtype = kv_cache_dtype.parse::<CacheDtype>().map_err(to_py)?;
@@ -95,6 +97,7 @@ impl PyMlaDecode {
         config.batch_invariant = batch_invariant;
         config.dcp_world_size = dcp_world_size;
         config.device_schedule = device_schedule;
+        config.fp8_query = fp8_query;
         if let Some(d) = dtype {
             config.model_dtype = model_dtype(d)?;
         }
@@ -145,10 +148,11 @@ impl PyMlaDecode {
 
     /// Decodes. Returns `(o, lse)`: `o` `[rows, H, kv_lora_rank]` in q's dtype, `lse`
     /// `[rows, H]` float32 (natural log). With `out` and `lse_out` given it allocates nothing
-    /// and can be captured in `torch.cuda.graph` (after `reserve_workspace`).
+    /// and can be captured in `torch.cuda.graph` (after `reserve_workspace`). `k_scale` (an fp8
+    /// cache) and `q_scale` (the fp8-query mode) are floats or one-element float32 tensors.
     #[pyo3(signature = (
-        q, kv_cache, block_table, seq_lens, *, k_scale = None, query_len = 1, causal = true,
-        out = None, lse_out = None
+        q, kv_cache, block_table, seq_lens, *, k_scale = None, q_scale = None, query_len = 1,
+        causal = true, out = None, lse_out = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn forward<'py>(
@@ -159,6 +163,7 @@ impl PyMlaDecode {
         block_table: &Bound<'py, PyAny>,
         seq_lens: &Bound<'py, PyAny>,
         k_scale: Option<&Bound<'py, PyAny>>,
+        q_scale: Option<&Bound<'py, PyAny>>,
         query_len: usize,
         causal: bool,
         out: Option<Bound<'py, PyAny>>,
@@ -200,20 +205,18 @@ impl PyMlaDecode {
         } else {
             Mask::NonCausal
         };
-        // A tensor stays on the device (read by the kernels, so a captured graph sees a new
-        // value); anything else must be a number. Tensors first: a one-element tensor would
-        // also convert to a float, through a host synchronization.
-        match k_scale {
-            None => {}
-            Some(k) if k.hasattr("data_ptr")? => {
-                inputs.k_scale_tensor = Some(CudaTensor::of(k, "k_scale")?.view("k_scale")?);
-            }
-            Some(k) => {
-                inputs.k_scale = k.extract::<f32>().map_err(|_| {
-                    value_error("k_scale: expected a float or a one-element float32 tensor")
-                })?;
-            }
-        }
+        scale_arg(
+            k_scale,
+            "k_scale",
+            &mut inputs.k_scale,
+            &mut inputs.k_scale_tensor,
+        )?;
+        scale_arg(
+            q_scale,
+            "q_scale",
+            &mut inputs.q_scale,
+            &mut inputs.q_scale_tensor,
+        )?;
 
         // Outputs: the caller's (nothing looked up: the graph-capture path), or new torch
         // tensors on q's device (o in q's dtype).
@@ -289,9 +292,10 @@ impl PyMlaDecode {
     fn __repr__(&self) -> String {
         let c = &self.config;
         format!(
-            "MlaDecode(num_heads={}, kv_cache_dtype={:?}, kv_lora_rank={}, qk_rope_head_dim={}, dtype={:?}, device={})",
+            "MlaDecode(num_heads={}, kv_cache_dtype={:?}, fp8_query={}, kv_lora_rank={}, qk_rope_head_dim={}, dtype={:?}, device={})",
             c.num_heads,
             c.kv_cache_dtype.name(),
+            if c.fp8_query { "True" } else { "False" },
             c.kv_lora_rank,
             c.qk_rope_head_dim,
             c.model_dtype.name(),
@@ -300,4 +304,30 @@ impl PyMlaDecode {
                 .map_or("not yet chosen".to_string(), |d| d.location().to_string()),
         )
     }
+}
+
+/// A per-tensor scale argument (`k_scale`, `q_scale`) into its value or its tensor. A tensor
+/// stays on the device (read by the kernels, so a captured graph sees a new value); anything
+/// else must be a number. Tensors first: a one-element tensor would also convert to a float,
+/// through a host synchronization.
+fn scale_arg(
+    arg: Option<&Bound<'_, PyAny>>,
+    name: &'static str,
+    value: &mut f32,
+    tensor: &mut Option<TensorRef<'static, 1>>,
+) -> PyResult<()> {
+    match arg {
+        None => {}
+        Some(k) if k.hasattr("data_ptr")? => {
+            *tensor = Some(CudaTensor::of(k, name)?.view(name)?);
+        }
+        Some(k) => {
+            *value = k.extract::<f32>().map_err(|_| {
+                value_error(format!(
+                    "{name}: expected a float or a one-element float32 tensor"
+                ))
+            })?;
+        }
+    }
+    Ok(())
 }

@@ -42,6 +42,9 @@ def test_configuration_errors_use_the_library_messages():
         mla_rs.MlaDecode(0, SCALE)
     with pytest.raises(NotImplementedError, match="decode context parallelism"):
         mla_rs.MlaDecode(16, SCALE, sliding_window=128, dcp_world_size=2)
+    with pytest.raises(ValueError, match="the fp8-query mode needs an fp8 kv cache"):
+        mla_rs.MlaDecode(16, SCALE, kv_cache_dtype="bfloat16", fp8_query=True)
+    assert "fp8_query=True" in repr(mla_rs.MlaDecode(16, SCALE, kv_cache_dtype="fp8", fp8_query=True))
 
 
 def test_the_drop_in_refuses_what_is_not_mla():
@@ -130,15 +133,15 @@ def poisoned(c, heads):
     )
 
 
-def assert_close(o, lse, ref_o, ref_lse, what=""):
+def assert_close(o, lse, ref_o, ref_lse, what="", o_tol=O_TOL, lse_tol=LSE_TOL):
     assert not torch.isnan(o).any() and not torch.isnan(lse).any(), f"unwritten outputs {what}"
     rel = float((o.double() - ref_o).norm() / ref_o.norm().clamp_min(1e-30))
-    assert rel <= O_TOL, f"o error {rel:.3e} {what}"
+    assert rel <= o_tol, f"o error {rel:.3e} {what}"
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite), f"-inf rows differ {what}"
     if finite.any():
         err = float((lse.double()[finite] - ref_lse[finite]).abs().max())
-        assert err <= LSE_TOL, f"lse error {err:.3e} {what}"
+        assert err <= lse_tol, f"lse error {err:.3e} {what}"
 
 
 # ---------------------------------------------------------------- on the GPU
@@ -224,6 +227,31 @@ def test_a_graph_reads_a_new_k_scale_tensor():
         torch.cuda.synchronize()
         deq = (c["kv"].float() * k).to(torch.bfloat16).float()
         assert_close(o, lse, *reference(c, deq=deq), what=f"k_scale {k}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("heads", [16, 128])
+def test_the_fp8_query_mode(heads):
+    # Against exact attention with the mode's tolerances (docs/contract.md: q and P rounded to
+    # e4m3, about 3e-2), and against the exact attention of the quantized q, which it must be
+    # closer to: the mode quantizes q as e4m3(q / q_scale).
+    c = make_case(3, heads, [3000, 700, 1], 64, kv="fp8")
+    dec = mla_rs.MlaDecode(heads, SCALE, kv_cache_dtype="fp8", fp8_query=True)
+    exact = reference(c)
+    for q_scale in (1 / 64, torch.tensor([0.01], dtype=torch.float32, device="cuda")):
+        o, lse = poisoned(c, heads)
+        dec.forward(c["q"], c["kv"], c["block_table"], c["seq_lens"], k_scale=c["k_scale"], q_scale=q_scale,
+                    out=o, lse_out=lse)
+        dec.check_device_errors()
+        assert_close(o, lse, *exact, what=f"q_scale {q_scale}", o_tol=5e-2, lse_tol=0.15)
+        s = float(q_scale)
+        # torch's cast does not saturate: clamp to e4m3's largest value first, as the mode does.
+        q8 = ((c["q"].float() / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s).to(torch.bfloat16)
+        quantized = reference(dict(c, q=q8))
+        to = lambda ref: float((o.double() - ref[0]).norm() / ref[0].norm())
+        assert to(quantized) < to(exact), f"q_scale {q_scale}"
+    with pytest.raises(ValueError, match="q_scale: expected a finite value > 0, got 0"):
+        dec.forward(c["q"], c["kv"], c["block_table"], c["seq_lens"], k_scale=c["k_scale"], q_scale=0.0)
 
 
 @needs_gpu

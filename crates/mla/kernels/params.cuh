@@ -40,12 +40,21 @@ struct DecodeParams {
                               // tokens of few-head decodes into its 64 rows; 1 otherwise)
     const float* k_scale_ptr; // when not null, k_scale is read here (on the device, so a captured
                               // graph sees a new scale); may be null
+    const float* q_scale_ptr; // the fp8-query mode (MLA_QFP8): when not null, q_scale is read here
+    float q_scale;            // the fp8-query mode: q is rewritten as e4m3(q / q_scale)
+    int pad_;
 };
-static_assert(sizeof(DecodeParams) == 216, "DecodeParams must match src/backend/cuda/params.rs");
+static_assert(sizeof(DecodeParams) == 232, "DecodeParams must match src/backend/cuda/params.rs");
 
 /// 1: the kernel is the scheduled variant of its family (its argument is a ScheduleParams).
 #ifndef MLA_SCHED
 #define MLA_SCHED 0
+#endif
+
+/// 1: the fp8-query mode of a stage-1 kernel with an fp8 cache (common/fp8.cuh): q and P as
+/// e4m3 codes, q_scale on the scores (docs/contract.md).
+#ifndef MLA_QFP8
+#define MLA_QFP8 0
 #endif
 
 /// Keys of a block, the schedule's unit of work (plan::schedule::BLOCK), counted from the
@@ -70,10 +79,10 @@ struct ScheduleParams {
     int* first_slot;   // [jobs]: the job's first partial slot (a prefix sum of splits)
     int* share;        // [1]
 };
-static_assert(sizeof(ScheduleParams) == 288, "ScheduleParams must match src/backend/cuda/params.rs");
+static_assert(sizeof(ScheduleParams) == 304, "ScheduleParams must match src/backend/cuda/params.rs");
 
 // Bits of *error_flag (src/backend/cuda/mod.rs reads them).
 #define MLA_ERR_NEGATIVE_LEN 1u     // a seq_len below zero (treated as 0)
 #define MLA_ERR_BEYOND_TABLE 2u     // a seq_len beyond max_blocks * page_size (extra keys skipped)
 #define MLA_ERR_BAD_BLOCK 4u        // a block id outside [0, num_blocks) (its page never read)
-#define MLA_ERR_BAD_SCALE 8u        // a k_scale tensor not finite and positive (outputs unspecified)
+#define MLA_ERR_BAD_SCALE 8u        // a k_scale or q_scale tensor not finite and positive (outputs unspecified)

@@ -51,13 +51,20 @@ pub struct DecodeInputs<'a> {
     /// The same scale as a one-element f32 tensor, read where the decode runs (on the GPU, at
     /// run time, so a captured graph sees a new scale). When given it replaces `k_scale`.
     pub k_scale_tensor: Option<TensorRef<'a, 1>>,
+    /// Per-tensor scale of the fp8-query mode ([`crate::MlaConfig::fp8_query`]): q is
+    /// quantized as `e4m3(q / q_scale)`, vLLM's `_q_scale`; ignored otherwise. 1 suits a q of
+    /// magnitudes up to a few hundred; `max |q| / 448` uses e4m3's whole range.
+    pub q_scale: f32,
+    /// The same scale as a one-element f32 tensor, read where the decode runs, as
+    /// `k_scale_tensor`. When given it replaces `q_scale`.
+    pub q_scale_tensor: Option<TensorRef<'a, 1>>,
     /// The batch's longest `seq_len`, used only to pick the split count (vLLM's
     /// `max_seq_len`). None: read from `seq_lens` when they are on the host.
     pub max_seq_len: Option<usize>,
 }
 
 impl<'a> DecodeInputs<'a> {
-    /// Inputs of a single-token decode (Q = 1) with k_scale 1.
+    /// Inputs of a single-token decode (Q = 1) with k_scale and q_scale 1.
     pub fn new(
         q: Query<'a>,
         kv_cache: TensorRef<'a, 3>,
@@ -73,6 +80,8 @@ impl<'a> DecodeInputs<'a> {
             mask: Mask::Causal,
             k_scale: 1.0,
             k_scale_tensor: None,
+            q_scale: 1.0,
+            q_scale_tensor: None,
             max_seq_len: None,
         }
     }
@@ -80,10 +89,20 @@ impl<'a> DecodeInputs<'a> {
     /// The fp8 scale when it is known on the host: `k_scale`, or the host tensor's value.
     /// None for a scale tensor in device memory (or an unreadable one).
     pub fn host_k_scale(&self) -> Option<f32> {
-        match &self.k_scale_tensor {
-            None => Some(self.k_scale),
-            Some(t) => t.host_slice::<f32>().and_then(|v| v.first().copied()),
-        }
+        host_scale(self.k_scale, self.k_scale_tensor.as_ref())
+    }
+
+    /// The fp8-query mode's scale when it is known on the host, as [`Self::host_k_scale`].
+    pub fn host_q_scale(&self) -> Option<f32> {
+        host_scale(self.q_scale, self.q_scale_tensor.as_ref())
+    }
+}
+
+/// A per-tensor scale given as a value or a one-element tensor: its value if on the host.
+pub(crate) fn host_scale(value: f32, tensor: Option<&TensorRef<'_, 1>>) -> Option<f32> {
+    match tensor {
+        None => Some(value),
+        Some(t) => t.host_slice::<f32>().and_then(|v| v.first().copied()),
     }
 }
 

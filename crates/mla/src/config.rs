@@ -126,6 +126,13 @@ pub struct MlaConfig {
     /// batch-invariant mode.
     /// The environment's `MLA_SCHEDULE=1` or `0` overrides it.
     pub device_schedule: bool,
+    /// The fp8-query mode (vLLM's quantized query input, FlashMLA's fp8 path): with an fp8
+    /// cache, q is quantized to fp8 e4m3 with the per-tensor `q_scale` of each call
+    /// ([`crate::DecodeInputs::q_scale`]), the scores are products of the codes, and P is
+    /// rounded to e4m3 before `P V` (docs/contract.md, "The fp8-query mode"). Less exact than
+    /// the default (a bf16 or f16 q against the decoded cache), by design: it is the numerics
+    /// of fp8 tensor cores. Needs an fp8 cache.
+    pub fp8_query: bool,
 }
 
 impl MlaConfig {
@@ -147,6 +154,7 @@ impl MlaConfig {
             split_units: None,
             num_kv_splits: None,
             device_schedule: false,
+            fp8_query: false,
         }
     }
 
@@ -184,6 +192,20 @@ impl MlaConfig {
             self.check_capability(name, *capability)?;
         }
         let kv_format = self.kv_cache_dtype.resolve(self.model_dtype)?;
+        if self.fp8_query && !kv_format.is_fp8() {
+            return Err(Error::config(
+                "fp8_query",
+                format!(
+                    "the fp8-query mode needs an fp8 kv cache (fp8, fp8_e4m3 or fp8_e5m2), got {}{}",
+                    self.kv_cache_dtype,
+                    if self.kv_cache_dtype == CacheDtype::Auto {
+                        format!(" (the model dtype, {})", self.model_dtype)
+                    } else {
+                        String::new()
+                    }
+                ),
+            ));
+        }
         self.check_ranges()?;
         let sm_count = self.split_units.unwrap_or(match device {
             DeviceInfo::Cpu { threads } => *threads,
@@ -222,6 +244,7 @@ impl MlaConfig {
             sm_count,
             split_rule,
             schedule: self.device_schedule,
+            fp8_query: self.fp8_query,
         })
     }
 
@@ -357,6 +380,8 @@ pub struct ValidConfig {
     /// rule's grid (docs/scheduler.md; only under the fill rule): as validated, what the
     /// configuration asked for; once a backend is configured, whether it does.
     pub schedule: bool,
+    /// The fp8-query mode ([`MlaConfig::fp8_query`]); the cache is fp8.
+    pub fp8_query: bool,
 }
 
 impl ValidConfig {

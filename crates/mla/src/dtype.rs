@@ -215,6 +215,18 @@ impl KvFormat {
     }
 }
 
+/// The fp8-query mode's rounding of q and P (docs/contract.md): to the nearest fp8 e4m3
+/// value, ties to even, saturating at +-448 (infinities too; NaN stays NaN), as the GPU's
+/// `cvt.rn.satfinite.e4m3x2.f32`.
+pub fn round_e4m3(x: f32) -> f32 {
+    F8E4M3::from_f32(x).to_f32()
+}
+
+/// In the fp8-query mode P (at most 1) is multiplied by this power of two before its rounding
+/// to e4m3, and the output divided by it: probabilities down to 2^-17 of the row's running
+/// maximum keep a value, where e4m3's own range would flush those below 2^-10 to zero.
+pub const FP8_P_SCALE: f32 = 256.0;
+
 /// Turns stored cache elements into the f32 values the products use: decode, times k_scale
 /// (fp8 only), rounded to the query dtype. fp8 goes through a 256-entry table.
 #[derive(Clone)]

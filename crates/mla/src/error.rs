@@ -243,6 +243,10 @@ pub enum Error {
     #[error("k_scale: expected a finite value > 0, got {0}")]
     KScale(f32),
 
+    /// A q_scale (the fp8-query mode's) that is not a finite positive number.
+    #[error("q_scale: expected a finite value > 0, got {0}")]
+    QScale(f32),
+
     /// The cache dtype given to warmup differs from the configured one.
     #[error("kv_cache_dtype: the decoder was configured for {configured}, got {got}")]
     CacheDtypeMismatch {
@@ -354,7 +358,7 @@ const DEVICE_CHECKS: [(&str, u32, &str); 4] = [
     (
         "MLA_ERR_BAD_SCALE",
         8,
-        "a k_scale tensor not finite and positive (the outputs are unspecified)",
+        "a k_scale or q_scale tensor not finite and positive (the outputs are unspecified)",
     ),
 ];
 

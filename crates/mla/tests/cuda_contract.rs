@@ -227,6 +227,47 @@ fn query_rows_that_see_nothing_get_zero_and_minus_infinity() {
     }
 }
 
+#[test]
+fn the_fp8_query_mode_on_each_kernel() {
+    // 16 heads: the mma kernel (the narrow kernel has no fp8-query mode); 16 heads x 4 causal
+    // tokens: the packed wgmma kernel on sm_90a; 128 heads: wgmma (mma below sm_90a). Each
+    // with e4m3 and e5m2 caches, bf16 and f16 models, two q scales; MLA_SCHEDULE=1 and
+    // MLA_KERNEL=mma (scripts/gpu/run.sh) take the scheduled and the mma variants through it.
+    for (heads, q_len) in [(16, 1), (16, 4), (128, 1)] {
+        for (model, kv) in [
+            (ModelDtype::Bf16, KvFormat::Fp8E4m3),
+            (ModelDtype::F16, KvFormat::Fp8E4m3),
+            (ModelDtype::Bf16, KvFormat::Fp8E5m2),
+        ] {
+            for q_scale in [1.0 / 64.0, 0.3] {
+                // Long rows: against the reference with the mode's tolerances (P rounds at
+                // each kernel's tile maxima, the CPU backend's at its own: assert_close).
+                let mut s = spec(heads, 64, &[3000, 700, 33, 0], q_len, Mask::Causal)
+                    .with_format(model, kv);
+                s.q_scale = q_scale;
+                let mut case = Case::new(s.clone());
+                case.fp8_query = true;
+                check(&case);
+                // Rows of one tile of every kernel (32 keys), one split: P rounds at the
+                // row's maximum on both backends, which then agree as closely as without the
+                // mode (a wrong scale, a P not rounded to e4m3 or not scaled first shows).
+                s.seq_lens = vec![32, 9, 1, 20 + q_len];
+                let mut short = Case::new(s);
+                short.fp8_query = true;
+                short.fixed_splits = Some(1);
+                if let Some(run) = gpu::run_case(&short) {
+                    gpu::assert_close(&short, &run);
+                    let a = run.vs_cpu;
+                    assert!(
+                        a.o_rel <= common::O_TOL && a.lse_abs <= common::LSE_TOL,
+                        "{heads} heads x {q_len}, {model:?} {kv:?}, q_scale {q_scale}: {a:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 fn gpu_formats() -> impl Strategy<Value = (ModelDtype, KvFormat)> {
     proptest::sample::select(common::formats())
 }
@@ -243,6 +284,7 @@ prop_compose! {
         batch_invariant in proptest::bool::weighted(0.2),
         split_q in any::<bool>(),
         fixed_splits in proptest::option::weighted(0.2, 1usize..=80),
+        fp8_query in proptest::bool::weighted(0.3),
         len_draws in proptest::collection::vec(0.0f64..1.0, 5),
         seed in any::<u64>(),
     ) -> Case {
@@ -252,7 +294,9 @@ prop_compose! {
         s.seed = seed;
         // A fixed count above 1 contradicts batch-invariant mode (a config error).
         let fixed_splits = fixed_splits.filter(|_| !batch_invariant);
-        Case { spec: s, window, batch_invariant, split_q, split_units: None, fixed_splits }
+        // The fp8-query mode needs an fp8 cache.
+        let fp8_query = fp8_query && kv.is_fp8();
+        Case { spec: s, window, batch_invariant, split_q, split_units: None, fixed_splits, fp8_query }
     }
 }
 
@@ -262,9 +306,7 @@ proptest! {
     #[test]
     fn random_cases_match_the_cpu_and_the_reference(case in any_gpu_case()) {
         if let Some(run) = gpu::run_case(&case) {
-            for a in [run.vs_reference, run.vs_cpu] {
-                prop_assert!(a.o_rel <= common::O_TOL && a.lse_abs <= common::LSE_TOL, "{:?} for {:#?}", a, case);
-            }
+            gpu::assert_close(&case, &run);
         }
     }
 }

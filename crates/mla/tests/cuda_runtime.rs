@@ -374,48 +374,82 @@ fn dp_kv_with_strides<'a>(
     }
 }
 
-#[test]
-fn a_captured_decode_reads_a_new_k_scale_from_the_device() {
-    let mut s = spec(16, 64, &[3000, 700], 1, Mask::Causal);
+/// A per-tensor scale a decode can read from the device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum ScaleArg {
+    /// An fp8 cache's k_scale.
+    K,
+    /// The fp8-query mode's q_scale.
+    Q,
+}
+
+/// A decode captured with the scale `arg` as a device tensor, replayed with new values in
+/// it: each replay matches the CPU backend given the value, and a value not finite and
+/// positive raises the device flag.
+fn captured_decode_reads_a_new_scale(arg: ScaleArg) {
+    // The fp8-query mode's rows fit one tile of every kernel, where the GPU rounds P at the
+    // CPU backend's maxima (see cuda_contract's fp8-query tests): a close comparison.
+    let (lens, values): (&[usize], [f32; 3]) = match arg {
+        ScaleArg::K => (&[3000, 700], [0.5, 0.125, 2.0]),
+        ScaleArg::Q => (&[32, 9], [1.0 / 64.0, 0.01, 0.3]),
+    };
+    let mut s = spec(16, 64, lens, 1, Mask::Causal);
     s.kv_format = KvFormat::Fp8E4m3;
     s.k_scale = 0.5;
-    let case = Case::new(s);
+    s.q_scale = values[0];
+    let mut case = Case::new(s);
+    case.fp8_query = arg == ScaleArg::Q;
     let Some(mut dec) = gpu::open(&case.config()) else {
         return;
     };
     let st = gpu::stream(&dec);
     let mut p = Problem::generate(&case.spec).unwrap();
     let dp = p.to_device(&st).unwrap();
-    let mut scale = st.clone_htod(&[0.5f32]).unwrap();
+    let mut scale = st.clone_htod(&values[..1]).unwrap();
     let mut out = DeviceOutputs::poisoned(&st, &p).unwrap();
     dec.reserve_workspace(p.rows(), 4096).unwrap();
     dec.lock_workspace();
     dec.register_decode_warmup(&dp.inputs(&p, false).unwrap().kv_cache, CacheDtype::Fp8E4m3)
         .unwrap();
     let graph = {
-        let inputs = DecodeInputs {
-            k_scale: 99.0, // ignored: the tensor wins
-            k_scale_tensor: Some(TensorRef::from_cuda(&scale, [1], [1]).unwrap()),
-            ..dp.inputs(&p, false).unwrap()
+        let tensor = Some(TensorRef::from_cuda(&scale, [1], [1]).unwrap());
+        // The values beside the tensor are ignored: the tensor wins.
+        let inputs = match arg {
+            ScaleArg::K => DecodeInputs {
+                k_scale: 99.0,
+                k_scale_tensor: tensor,
+                ..dp.inputs(&p, false).unwrap()
+            },
+            ScaleArg::Q => DecodeInputs {
+                q_scale: 99.0,
+                q_scale_tensor: tensor,
+                ..dp.inputs(&p, false).unwrap()
+            },
         };
         let (graph, captured) =
             gpu::capture(&st, || dec.forward(&inputs, &mut out.views().unwrap()));
         captured.unwrap();
         graph
     };
-    for k in [0.5f32, 0.125, 2.0] {
+    for k in values {
         st.memcpy_htod(&[k], &mut scale).unwrap();
         out.poison(&st).unwrap();
         graph.launch().unwrap();
         dec.check_device_errors().unwrap();
         let (o, lse) = out.download(&st).unwrap();
-        p.spec.k_scale = k;
-        let (co, cl) =
-            gpu::cpu_outputs(&Case::new(p.spec.clone()), &p, dec.config().sm_count, false);
+        match arg {
+            ScaleArg::K => p.spec.k_scale = k,
+            ScaleArg::Q => p.spec.q_scale = k,
+        }
+        let now = Case {
+            spec: p.spec.clone(),
+            ..case.clone()
+        };
+        let (co, cl) = gpu::cpu_outputs(&now, &p, dec.config().sm_count, false);
         let a = gpu::distance(&o, &lse, &co, &cl, p.rows(), 16, 512);
         assert!(
             a.o_rel <= O_TOL && a.lse_abs <= LSE_TOL,
-            "k_scale {k}: {a:?}"
+            "{arg:?} scale {k}: {a:?}"
         );
     }
     // A scale the host cannot check is checked on the device.
@@ -423,10 +457,20 @@ fn a_captured_decode_reads_a_new_k_scale_from_the_device() {
         st.memcpy_htod(&[bad], &mut scale).unwrap();
         graph.launch().unwrap();
         match dec.check_device_errors() {
-            Err(Error::DeviceCheck { bits }) => assert_eq!(bits, 8, "k_scale {bad}"),
-            other => panic!("k_scale {bad}: expected the device flag, got {other:?}"),
+            Err(Error::DeviceCheck { bits }) => assert_eq!(bits, 8, "{arg:?} scale {bad}"),
+            other => panic!("{arg:?} scale {bad}: expected the device flag, got {other:?}"),
         }
     }
+}
+
+#[test]
+fn a_captured_decode_reads_a_new_k_scale_from_the_device() {
+    captured_decode_reads_a_new_scale(ScaleArg::K);
+}
+
+#[test]
+fn a_captured_decode_reads_a_new_q_scale_from_the_device() {
+    captured_decode_reads_a_new_scale(ScaleArg::Q);
 }
 
 #[test]

@@ -44,6 +44,18 @@ fn sanitize_every_kernel_path() {
         .with_format(ModelDtype::Bf16, KvFormat::Fp8E4m3);
     s.k_scale = 0.25;
     cases.push(Case::new(s));
+    // The fp8-query mode (q and P as e4m3 codes): 20 heads x 2 tokens (mma; packed wgmma on
+    // Hopper), and 128 heads (wgmma) with an f16 model and an e5m2 cache.
+    for (heads, q_len, model, kv) in [
+        (20, 2, ModelDtype::Bf16, KvFormat::Fp8E4m3),
+        (128, 1, ModelDtype::F16, KvFormat::Fp8E5m2),
+    ] {
+        let mut case = Case::new(
+            spec(heads, 16, &[700, 3, 0, 65], q_len, Mask::Causal).with_format(model, kv),
+        );
+        case.fp8_query = true;
+        cases.push(case);
+    }
     for case in &cases {
         let Some(run) = gpu::run_case(case) else {
             return;

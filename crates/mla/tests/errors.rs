@@ -680,3 +680,106 @@ fn a_k_scale_tensor_replaces_the_value_and_is_checked() {
         msg("k_scale: expected dtype f32, got i32"),
     );
 }
+
+/// An e4m3 problem (k_scale 0.5, q_scale 1/64) and a decoder in the fp8-query mode.
+fn fp8_query(lens: Vec<usize>) -> (Problem, MlaDecode) {
+    let s = ProblemSpec::new(H, lens).with_format(ModelDtype::Bf16, KvFormat::Fp8E4m3);
+    let mut cfg = MlaConfig::new(H, 0.1);
+    cfg.kv_cache_dtype = CacheDtype::Fp8E4m3;
+    cfg.fp8_query = true;
+    (
+        Problem::generate(&s).unwrap(),
+        MlaDecode::new(&cfg, Device::Cpu).unwrap(),
+    )
+}
+
+#[test]
+fn the_fp8_query_mode_needs_an_fp8_cache() {
+    for (cache, named) in [
+        (CacheDtype::Auto, "auto (the model dtype, bfloat16)"),
+        (CacheDtype::Bf16, "bfloat16"),
+        (CacheDtype::F16, "float16"),
+    ] {
+        let mut cfg = MlaConfig::new(H, 0.1);
+        cfg.kv_cache_dtype = cache;
+        cfg.fp8_query = true;
+        let e = MlaDecode::new(&cfg, Device::Cpu).unwrap_err();
+        assert_eq!(
+            message(&e),
+            format!(
+                "fp8_query: the fp8-query mode needs an fp8 kv cache (fp8, fp8_e4m3 or \
+                 fp8_e5m2), got {named}"
+            )
+        );
+    }
+}
+
+#[test]
+fn q_scale_is_checked_in_the_fp8_query_mode_only() {
+    let (p, mut dec) = fp8_query(vec![70, 33]);
+    for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        expect_err_on(&mut dec, &p, |i| i.q_scale = bad, is!(Error::QScale(_)));
+    }
+    let e = {
+        let mut i = p.inputs().unwrap();
+        i.q_scale = -2.0;
+        let mut out = Outputs::poisoned(&p);
+        dec.forward(&i, &mut out.views().unwrap()).unwrap_err()
+    };
+    assert_eq!(message(&e), "q_scale: expected a finite value > 0, got -2");
+    // Outside the mode it is not read.
+    let (p, mut plain) = fp8(vec![70, 33]);
+    let mut out = Outputs::poisoned(&p);
+    let inputs = DecodeInputs {
+        q_scale: f32::NAN,
+        ..p.inputs().unwrap()
+    };
+    plain.forward(&inputs, &mut out.views().unwrap()).unwrap();
+    assert!(out.lse.iter().all(|x| x.is_finite()));
+}
+
+#[test]
+fn a_q_scale_tensor_replaces_the_value_and_is_checked() {
+    let (p, mut dec) = fp8_query(vec![70, 33]);
+    let mut by_value = Outputs::poisoned(&p);
+    dec.forward(&p.inputs().unwrap(), &mut by_value.views().unwrap())
+        .unwrap();
+    let scale = [p.spec.q_scale];
+    let with_tensor = DecodeInputs {
+        q_scale: 7.0, // ignored
+        q_scale_tensor: Some(TensorRef::contiguous(&scale, [1]).unwrap()),
+        ..p.inputs().unwrap()
+    };
+    let mut by_tensor = Outputs::poisoned(&p);
+    dec.forward(&with_tensor, &mut by_tensor.views().unwrap())
+        .unwrap();
+    assert_eq!(by_value.o.to_f32(), by_tensor.o.to_f32());
+    assert_eq!(by_value.lse, by_tensor.lse);
+    // The scale is used: another one gives other outputs.
+    let other = DecodeInputs {
+        q_scale: 4.0 * p.spec.q_scale,
+        ..p.inputs().unwrap()
+    };
+    let mut by_other = Outputs::poisoned(&p);
+    dec.forward(&other, &mut by_other.views().unwrap()).unwrap();
+    assert_ne!(by_value.o.to_f32(), by_other.o.to_f32());
+    let (bad, two, ints) = ([f32::NAN], [0.5f32, 0.5], [1i32]);
+    expect_err_on(
+        &mut dec,
+        &p,
+        |i| i.q_scale_tensor = Some(TensorRef::contiguous(&bad, [1]).unwrap()),
+        is!(Error::QScale(_)),
+    );
+    expect_err_on(
+        &mut dec,
+        &p,
+        |i| i.q_scale_tensor = Some(TensorRef::contiguous(&two, [2]).unwrap()),
+        msg("q_scale: expected shape [1], got [2]"),
+    );
+    expect_err_on(
+        &mut dec,
+        &p,
+        |i| i.q_scale_tensor = Some(TensorRef::contiguous(&ints, [1]).unwrap()),
+        msg("q_scale: expected dtype f32, got i32"),
+    );
+}

@@ -17,6 +17,7 @@ class MlaDecode:
         dtype: Any = None,
         dcp_world_size: int = 1,
         device_schedule: bool = False,
+        fp8_query: bool = False,
     ) -> None: ...
     def reserve_workspace(self, max_rows: int, max_model_len: int) -> None: ...
     def lock_workspace(self) -> None: ...
@@ -29,6 +30,7 @@ class MlaDecode:
         seq_lens: Any,
         *,
         k_scale: Union[float, Any, None] = None,
+        q_scale: Union[float, Any, None] = None,
         query_len: int = 1,
         causal: bool = True,
         out: Optional[Any] = None,

@@ -15,6 +15,12 @@
  * as f16 times a power of two that puts its largest magnitude in [2^14, 2^15)
  * (q_to_f16, exact for every element within 2^24 of the largest), which the score scale
  * takes back. This is at least as exact as rounding k_scale x code to the model dtype.
+ *
+ * The fp8-query mode (MLA_QFP8, docs/contract.md) runs the same f16 products on e4m3 codes:
+ * q is rewritten once as the f16 values of e4m3(q / q_scale) (q_to_e4m3), P as those of
+ * e4m3(P x FP8_P_SCALE) (pack_p), and q_scale goes on the scores, 1 / FP8_P_SCALE on the
+ * output. A product of two fp8 values is exact in f16 and f32, so these are the numbers fp8
+ * tensor cores would give, up to the order of the f32 sums.
  */
 #pragma once
 #include "common/ptx.cuh"
@@ -148,4 +154,73 @@ __device__ __forceinline__ float q_to_f16(unsigned char* q, int chunks, At at, u
     }
     __syncthreads();
     return pow2(-e);
+}
+
+/// The fp8-query mode's factor on P before its rounding to e4m3 (and 1 / it on the output):
+/// mla::dtype::FP8_P_SCALE.
+constexpr float FP8_P_SCALE = 256.0f;
+
+/// Two f32 rounded to e4m3 (to nearest, ties to even, saturating at +-448; NaN stays NaN) and
+/// returned as the two f16 of those values, `lo` in the low half (exact: every e4m3 value is
+/// an f16). mla::dtype::round_e4m3 is its host twin.
+__device__ __forceinline__ u32 e4m3x2_as_f16x2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 890
+    u16 b;
+    u32 h;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(b) : "f"(hi), "f"(lo));
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(b));
+    return h;
+#else
+    // fp8 needs sm_89 (the configuration refuses it below: Error::Fp8NeedsSm89); the same
+    // rounding in software keeps the kernels compiling for older parts.
+    float v[2] = {lo, hi};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float a = fabsf(v[i]);
+        float r;
+        if (a != a) {
+            r = a;
+        } else if (a < 0.015625f) {  // below 2^-6: e4m3's subnormals, steps of 2^-9
+            r = rintf(a * 512.0f) * (1.0f / 512.0f);
+        } else {
+            // Three mantissa bits: steps of 2^(exponent - 3), exact powers of two.
+            const int e = (int)((__float_as_uint(fminf(a, 1024.0f)) >> 23) & 0xffu) - 127;
+            const float step = pow2(e - 3);
+            r = fminf(rintf(a / step) * step, 448.0f);
+        }
+        v[i] = copysignf(r, v[i]);
+    }
+    return pack2<false>(v[0], v[1]);
+#endif
+}
+
+/// The fp8-query mode: rewrites a q tile of the model dtype in shared memory as the f16
+/// values of its e4m3 codes, e4m3(q / q_scale), for the f16 products (the caller puts q_scale
+/// on the score scale). `chunks` 16-byte chunks of 8 elements, chunk c at byte `at(c)` of
+/// `q`, as q_to_f16. Every one of the THREADS threads calls it after q landed and a barrier;
+/// it ends with a barrier.
+template <int THREADS, bool BF16, typename At>
+__device__ __forceinline__ void q_to_e4m3(unsigned char* q, int chunks, At at, float q_scale) {
+    for (int c = threadIdx.x; c < chunks; c += THREADS) {
+        u32x4* at_c = (u32x4*)(q + at(c));
+        const u32x4 v = *at_c;
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
+        u32 h[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            // A division, not a product with 1 / q_scale: the host's rounding, bit for bit.
+            h[i] = e4m3x2_as_f16x2(half_to_float<BF16>(w[i] & 0xffffu) / q_scale,
+                                   half_to_float<BF16>(w[i] >> 16) / q_scale);
+        }
+        *at_c = {h[0], h[1], h[2], h[3]};
+    }
+    __syncthreads();
+}
+
+/// Two probabilities as `P V` multiplies them: rounded to the model's 16-bit type (BF16), or
+/// in the fp8-query mode (QFP8) times FP8_P_SCALE rounded to e4m3, as f16.
+template <bool QFP8, bool BF16>
+__device__ __forceinline__ u32 pack_p(float lo, float hi) {
+    if (QFP8) return e4m3x2_as_f16x2(lo * FP8_P_SCALE, hi * FP8_P_SCALE);
+    return pack2<BF16>(lo, hi);
 }

@@ -15,14 +15,24 @@ __device__ __forceinline__ void raise_error(const DecodeParams& p, u32 bits) {
     atomicOr(p.error_flag, bits);
 }
 
-/// An fp8 cache's k_scale: the device tensor's when there is one (with `check`, a value not
-/// finite and positive raises its error bit: the kernels that fold it into the score scale
-/// need it positive), else the host's (the plan checked it).
-__device__ __forceinline__ float read_k_scale(const DecodeParams& p, bool check) {
-    if (p.k_scale_ptr == nullptr) return p.k_scale;
-    const float k = *p.k_scale_ptr;
+/// A per-tensor scale: the device tensor's (`ptr`) when there is one (with `check`, a value
+/// not finite and positive raises its error bit: the kernels fold it into the score scale
+/// and need it positive), else the host's `value` (the plan checked it).
+__device__ __forceinline__ float read_scale(const DecodeParams& p, const float* ptr, float value, bool check) {
+    if (ptr == nullptr) return value;
+    const float k = *ptr;
     if (check && !(k > 0.0f && k <= 3.40282347e38f)) raise_error(p, MLA_ERR_BAD_SCALE);
     return k;
+}
+
+/// An fp8 cache's k_scale (read_scale).
+__device__ __forceinline__ float read_k_scale(const DecodeParams& p, bool check) {
+    return read_scale(p, p.k_scale_ptr, p.k_scale, check);
+}
+
+/// The fp8-query mode's q_scale (read_scale).
+__device__ __forceinline__ float read_q_scale(const DecodeParams& p, bool check) {
+    return read_scale(p, p.q_scale_ptr, p.q_scale, check);
 }
 
 /// The KV length of `request` (a negative one read as 0). With `check`, a negative length

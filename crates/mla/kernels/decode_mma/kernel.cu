@@ -19,7 +19,8 @@
  *   4. S = Q K^T for the warp's keys (four independent accumulator chains), scaled to base 2,
  *      masked past the split's end;
  *   5. tile row max across the 4 warps of a row group (shared memory), running max m,
- *      P = 2^(S - m) rounded to the model dtype -> shared memory, row sums of unrounded P;
+ *      P = 2^(S - m) rounded to the model dtype (the fp8-query mode: e4m3) -> shared
+ *      memory, row sums of unrounded P;
  *   6. O = O * 2^(m_old - m) + P V for the warp's columns (V = the tile's first L columns);
  *   7. O / l and the LSE -> the split's workspace slot, or straight to o and lse when the
  *      decode has a single split.
@@ -28,6 +29,7 @@
  *   MLA_L, MLA_R   latent and rotary widths (L % 64 == 0, R % 16 == 0)
  *   MLA_BF16       1: the model dtype is bf16, 0: f16
  *   MLA_KV         0: cache in the model dtype; 1: the other 16-bit type; 2: fp8 e4m3; 3: fp8 e5m2
+ *   MLA_QFP8       1: the fp8-query mode (an fp8 cache): q and P as e4m3 codes (common/fp8.cuh)
  *   MLA_MW         row groups per CTA: ROWS = 16 * MW heads
  *   MLA_BN         keys per tile (a multiple of 32)
  *   MLA_STAGES     tiles in the shared-memory ring (2 or more): STAGES - 1 tiles in flight
@@ -65,9 +67,11 @@ constexpr int NT_O = COLS_W / 8;            // output n-tiles per warp
 constexpr bool CONVERT = KV != 0;
 constexpr bool FP8 = KV >= 2;               // fp8 converts into a tile of its own; 16-bit in place
 // fp8 caches multiply in f16, k_scale applied to the scores and the output (common/fp8.cuh,
-// "Products in f16"); a bf16 q is rewritten as f16 first.
+// "Products in f16"); a bf16 q is rewritten as f16 first, or in the fp8-query mode (QFP8) any
+// q as its e4m3 codes, with P rounded to e4m3.
 constexpr bool MMA_BF16 = BF16 && !FP8;
-constexpr bool Q_TO_F16 = BF16 && FP8;
+constexpr bool QFP8 = MLA_QFP8 != 0;
+constexpr bool Q_TO_F16 = BF16 && FP8 && !QFP8;
 constexpr int KV_ELEM = FP8 ? 1 : 2;        // bytes per cache element
 constexpr int CHUNKS = D * KV_ELEM / 16;    // 16-byte chunks per cache row
 constexpr int STAGE_ROW = FP8 ? D : DP * 2; // bytes per staged key row
@@ -84,6 +88,7 @@ static_assert(L % 64 == 0 && R % 16 == 0, "L must be a multiple of 64 and R of 1
 static_assert(BN % 32 == 0, "BN must be a multiple of 32");
 static_assert(STAGES >= 2, "at least two stages");
 static_assert((D * KV_ELEM) % 16 == 0, "cache rows must be whole 16-byte chunks");
+static_assert(!QFP8 || FP8, "the fp8-query mode needs an fp8 cache");
 
 struct Smem {
     unsigned char* base;
@@ -214,15 +219,22 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         if (t < tiles) load_tile(p, sm, sm.offsets(t), t);
         cp_async_commit();
     }
-    // The scores' scale, base 2: fp8 takes k_scale here (and a bf16 q's power of two).
+    // The scores' scale, base 2: fp8 takes k_scale here (and a bf16 q's power of two, or the
+    // fp8-query mode's q_scale).
     float sc = p.scale_log2;
     if (FP8) sc *= k_scale;
-    if (Q_TO_F16) {
+    if (Q_TO_F16 || QFP8) {
         cp_async_wait_group<STAGES - 1>();  // q landed (the tiles may fly on)
         __syncthreads();
         constexpr int QCH = D / 8;
-        sc *= q_to_f16<THREADS>((unsigned char*)sm.q(), ROWS * QCH,
-                                [](int i) { return (i / QCH) * DP * 2 + (i % QCH) * 16; }, (u32*)sm.red());
+        const auto at = [](int i) { return (i / QCH) * DP * 2 + (i % QCH) * 16; };
+        if (QFP8) {
+            const float q_scale = read_q_scale(p, threadIdx.x == 0 && pc.job == 0 && pc.split == 0);
+            q_to_e4m3<THREADS, BF16>((unsigned char*)sm.q(), ROWS * QCH, at, q_scale);
+            sc *= q_scale;
+        } else {
+            sc *= q_to_f16<THREADS>((unsigned char*)sm.q(), ROWS * QCH, at, (u32*)sm.red());
+        }
     }
 
     float o[NT_O][4];
@@ -322,8 +334,8 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
             const float p2 = exp2_approx(s[n][2] - m[1]), p3 = exp2_approx(s[n][3] - m[1]);
             l[0] += p0 + p1;
             l[1] += p2 + p3;
-            *(u32*)(prow + n * 8) = pack2<MMA_BF16>(p0, p1);
-            *(u32*)(prow + 8 * BNP + n * 8) = pack2<MMA_BF16>(p2, p3);
+            *(u32*)(prow + n * 8) = pack_p<QFP8, MMA_BF16>(p0, p1);
+            *(u32*)(prow + 8 * BNP + n * 8) = pack_p<QFP8, MMA_BF16>(p2, p3);
         }
         __syncthreads();  // P of the whole row group is in shared memory
 
@@ -368,7 +380,8 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         float sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < NW; ++w) sum += red[w * 16 + g + 8 * h];
-        inv[h] = (FP8 ? k_scale : 1.0f) / sum;  // V's k_scale, for fp8
+        // V's k_scale, for fp8 (in the fp8-query mode over P's factor)
+        inv[h] = (FP8 ? (QFP8 ? k_scale * (1.0f / FP8_P_SCALE) : k_scale) : 1.0f) / sum;
         lse[h] = (m[h] + log2_approx(sum)) * LN2;
     }
 #pragma unroll

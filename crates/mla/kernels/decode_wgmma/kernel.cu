@@ -43,6 +43,7 @@
  *                  (L + R) % 64 == 0)
  *   MLA_BF16       1: the model dtype is bf16, 0: f16
  *   MLA_KV         0: cache in the model dtype; 1: the other 16-bit type; 2: fp8 e4m3; 3: fp8 e5m2
+ *   MLA_QFP8       1: the fp8-query mode (an fp8 cache): q and P as e4m3 codes (common/fp8.cuh)
  *   MLA_PACK       1: the CTA's rows are `tokens_per_cta` tokens x heads, each masked to its own
  *                  keys; 0: one token's 64 heads (tokens_per_cta must be 1), whose keys are the
  *                  CTA's (fewer registers and no division in the q loader)
@@ -74,9 +75,11 @@ constexpr int KV = MLA_KV;
 constexpr bool CONVERT = KV != 0;
 constexpr bool FP8 = KV >= 2;             // fp8 stages raw rows and converts into a tile of its own
 // fp8 caches multiply in f16, k_scale applied to the scores and the output (common/fp8.cuh,
-// "Products in f16"); a bf16 q is rewritten as f16 first.
+// "Products in f16"); a bf16 q is rewritten as f16 first, or in the fp8-query mode (QFP8) any
+// q as its e4m3 codes, with P rounded to e4m3.
 constexpr bool MMA_BF16 = BF16 && !FP8;
-constexpr bool Q_TO_F16 = BF16 && FP8;
+constexpr bool QFP8 = MLA_QFP8 != 0;
+constexpr bool Q_TO_F16 = BF16 && FP8 && !QFP8;
 constexpr bool PACK = MLA_PACK != 0;      // rows of several query tokens
 constexpr int KV_ELEM = FP8 ? 1 : 2;      // bytes per cache element
 constexpr int KEY_PIECES = D * KV_ELEM / 16;  // 16-byte pieces per cache row
@@ -93,6 +96,7 @@ constexpr int COLS = L / 2;            // output columns per warpgroup
 static_assert(L == 512, "two warpgroups of m64n256 cover L = 512");
 static_assert(D % 64 == 0, "rows must be whole 64-column chunks");
 static_assert(KV >= 0 && KV <= 3, "cache format code");
+static_assert(!QFP8 || FP8, "the fp8-query mode needs an fp8 cache");
 static_assert(!(MLA_SCHED && PACK), "the schedule's jobs are single tokens here");
 
 struct Smem {
@@ -251,7 +255,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], float (&m)[2], 
             const float p0 = exp2_approx(fmaf(s[8 * kk + 2 * i], sc, -base[h]));
             const float p1 = exp2_approx(fmaf(s[8 * kk + 2 * i + 1], sc, -base[h]));
             l[h] += p0 + p1;
-            *(u32*)p_slot(sm, r0, lane, kk, i) = pack2<MMA_BF16>(p0, p1);
+            *(u32*)p_slot(sm, r0, lane, kk, i) = pack_p<QFP8, MMA_BF16>(p0, p1);
         }
     }
 }
@@ -338,14 +342,22 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     __syncthreads();
     load_tile<THREADS / 32>(p, sm, sm.offsets(0), 0, 0);
     cp_async_commit();
-    // The scores' scale, base 2: fp8 takes k_scale here (and a bf16 q's power of two).
+    // The scores' scale, base 2: fp8 takes k_scale here (and a bf16 q's power of two, or the
+    // fp8-query mode's q_scale).
     float sc = p.scale_log2;
     if (FP8) sc *= k_scale;
-    if (Q_TO_F16) {
+    if (Q_TO_F16 || QFP8) {
         cp_async_wait_group<1>();  // q landed (tile 0 may fly on)
         __syncthreads();
         // The whole tile, padding rows (zeros) included; alpha is free until the first tile.
-        sc *= q_to_f16<THREADS>(sm.q(), M * PIECES, [](int i) { return i * 16; }, (u32*)sm.alpha());
+        const auto at = [](int i) { return i * 16; };
+        if (QFP8) {
+            const float q_scale = read_q_scale(p, tid == 0 && pc.job == 0 && pc.split == 0);
+            q_to_e4m3<THREADS, BF16>(sm.q(), M * PIECES, at, q_scale);
+            sc *= q_scale;
+        } else {
+            sc *= q_to_f16<THREADS>(sm.q(), M * PIECES, at, (u32*)sm.alpha());
+        }
     }
 
     float o[COLS / 2];  // this thread's share of the warpgroup's 64 x 256 outputs
@@ -444,7 +456,9 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const float sum = sm.sums()[r0 + 8 * h];
-        inv[h] = sum > 0.0f ? (FP8 ? k_scale : 1.0f) / sum : 0.0f;  // V's k_scale, for fp8
+        // V's k_scale, for fp8 (in the fp8-query mode over P's factor)
+        const float v_scale = FP8 ? (QFP8 ? k_scale * (1.0f / FP8_P_SCALE) : k_scale) : 1.0f;
+        inv[h] = sum > 0.0f ? v_scale / sum : 0.0f;
         lse[h] = (sm.maxima()[r0 + 8 * h] + log2_approx(sum)) * LN2;
     }
 #pragma unroll

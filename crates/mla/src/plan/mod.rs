@@ -20,11 +20,12 @@ pub use extents::{KeyRange, Mask, key_range};
 pub use splits::{SplitRule, num_kv_splits, split_range, warmup_split_counts};
 pub use workspace::{Region, WorkspaceManager};
 
+use crate::args::host_scale;
 use crate::args::{DecodeInputs, DecodeOutputs, Query};
 use crate::config::ValidConfig;
 use crate::dtype::{DType, KvFormat, ModelDtype};
 use crate::error::{Error, Result};
-use crate::tensor::Location;
+use crate::tensor::{Location, TensorRef};
 
 /// Where the q parts are: element strides of the latent and rotary parts (for a packed q both
 /// parts share the tensor and the rotary part starts at column L).
@@ -78,6 +79,10 @@ pub struct DecodePlan {
     pub kv_format: KvFormat,
     /// Scale of an fp8 cache (1 otherwise).
     pub k_scale: f32,
+    /// The fp8-query mode: q quantized to e4m3 with `q_scale`, P rounded to e4m3.
+    pub fp8_query: bool,
+    /// Scale of the fp8-query mode's q (1 otherwise).
+    pub q_scale: f32,
     /// Splits per row (the configuration's rule, 1 in batch-invariant mode).
     pub num_kv_splits: usize,
     /// q geometry.
@@ -129,7 +134,7 @@ impl DecodePlan {
     /// # Errors
     /// [`Error::Dtype`], [`Error::WrongDevice`], [`Error::Shape`], [`Error::Stride`],
     /// [`Error::NonUniformDecode`], [`Error::QueryLen`], [`Error::CausalMultiTokenWithDcp`],
-    /// [`Error::KScale`], [`Error::NegativeSeqLen`] (host seq_lens), [`Error::Overflow`].
+    /// [`Error::KScale`], [`Error::QScale`], [`Error::NegativeSeqLen`] (host seq_lens), [`Error::Overflow`].
     pub fn new(
         cfg: &ValidConfig,
         inputs: &DecodeInputs<'_>,
@@ -272,18 +277,23 @@ impl DecodePlan {
         }
 
         // 6. values known on the host
-        if let Some(t) = &inputs.k_scale_tensor {
-            dtype("k_scale", t.dtype(), DType::F32)?;
-            shape("k_scale", t.shape(), [Dim::Is(1)])?;
-            on_device("k_scale", t.location())?;
-        }
         // A scale in device memory is read by the kernels; one on the host is checked here.
-        let k_scale = match (cfg.kv_format.is_fp8(), inputs.host_k_scale()) {
-            (false, _) => 1.0,
-            (true, Some(k)) if k.is_finite() && k > 0.0 => k,
-            (true, Some(k)) => return Err(Error::KScale(k)),
-            (true, None) => inputs.k_scale,
-        };
+        let k_scale = checked_scale(
+            "k_scale",
+            cfg.kv_format.is_fp8(),
+            inputs.k_scale,
+            inputs.k_scale_tensor.as_ref(),
+            location,
+            Error::KScale,
+        )?;
+        let q_scale = checked_scale(
+            "q_scale",
+            cfg.fp8_query,
+            inputs.q_scale,
+            inputs.q_scale_tensor.as_ref(),
+            location,
+            Error::QScale,
+        )?;
         let host_max = match inputs.seq_lens.host_slice::<i32>() {
             Some(lens) => Some(max_seq_len(lens, max_blocks, page_size)?),
             None => None,
@@ -320,6 +330,8 @@ impl DecodePlan {
             model_dtype: cfg.model_dtype,
             kv_format: cfg.kv_format,
             k_scale,
+            fp8_query: cfg.fp8_query,
+            q_scale,
             num_kv_splits,
             q,
             kv: CacheLayout {
@@ -409,6 +421,31 @@ pub fn scheduled_workspace(
         sm_count,
     };
     Ok((views, bytes))
+}
+
+/// A per-tensor scale (`name`, given as `value` or a one-element `tensor`): the tensor's
+/// dtype, shape and device (`location`) checked; when the decode `uses` the scale, a value on
+/// the host must be finite and positive (`err` otherwise), and one in device memory is read
+/// and checked by the kernels, which get `value` meanwhile. 1 when unused.
+fn checked_scale(
+    name: &'static str,
+    uses: bool,
+    value: f32,
+    tensor: Option<&TensorRef<'_, 1>>,
+    location: Location,
+    err: fn(f32) -> Error,
+) -> Result<f32> {
+    if let Some(t) = tensor {
+        dtype(name, t.dtype(), DType::F32)?;
+        shape(name, t.shape(), [Dim::Is(1)])?;
+        on_device(name, t.location(), location)?;
+    }
+    match (uses, host_scale(value, tensor)) {
+        (false, _) => Ok(1.0),
+        (true, Some(k)) if k.is_finite() && k > 0.0 => Ok(k),
+        (true, Some(k)) => Err(err(k)),
+        (true, None) => Ok(value),
+    }
 }
 
 /// The longest length in host seq_lens; an error for a negative one.

@@ -170,6 +170,8 @@ impl DeviceProblem {
             mask: host.mask,
             k_scale: host.k_scale,
             k_scale_tensor: None,
+            q_scale: host.q_scale,
+            q_scale_tensor: None,
             // The host knows the lengths, as vLLM's metadata does: the split count follows them.
             max_seq_len: p.seq_lens.iter().map(|&l| l.max(0) as usize).max(),
         })

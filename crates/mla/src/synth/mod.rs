@@ -43,6 +43,10 @@ pub struct ProblemSpec {
     pub kv_format: KvFormat,
     /// Scale of an fp8 cache (values are stored divided by it).
     pub k_scale: f32,
+    /// Scale of the fp8-query mode's q (used only by a decoder in that mode): 1/64 puts the
+    /// drawn q ~ N(0, 1) well inside e4m3's range (|q| / q_scale up to about 350 of 448),
+    /// and a wrong scale shows.
+    pub q_scale: f32,
     /// Extra elements after each key (token stride = D + pad).
     pub token_pad: usize,
     /// Extra elements after each page (a cross-layer cache).
@@ -67,6 +71,7 @@ impl ProblemSpec {
             model_dtype: ModelDtype::Bf16,
             kv_format: KvFormat::Bf16,
             k_scale: 1.0,
+            q_scale: 1.0 / 64.0,
             token_pad: 0,
             page_pad: 0,
             spare_blocks: 7,
@@ -365,6 +370,8 @@ impl Problem {
             mask: self.spec.mask,
             k_scale: self.spec.k_scale,
             k_scale_tensor: None,
+            q_scale: self.spec.q_scale,
+            q_scale_tensor: None,
             max_seq_len: None,
         })
     }

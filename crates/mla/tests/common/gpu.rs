@@ -12,7 +12,7 @@ use std::sync::Arc;
 #[allow(unused_imports)]
 pub use mla::synth::device::{DeviceCache, DeviceOutputs, DeviceProblem};
 
-use super::{Case, LSE_TOL, O_TOL};
+use super::{Case, LSE_TOL};
 
 /// What `launch` enqueues on `st`, captured into a graph (not run), and what it returned.
 pub fn capture<T>(st: &Arc<CudaStream>, launch: impl FnOnce() -> T) -> (CudaGraph, T) {
@@ -167,11 +167,18 @@ pub fn run_case_on(dec: &mut MlaDecode, case: &Case) -> GpuRun {
     }
 }
 
-/// Asserts the contract's tolerances against the reference and the CPU backend.
+/// Asserts the contract's tolerances against the reference and the CPU backend. In the
+/// fp8-query mode P is rounded to e4m3 at each kernel's running maxima (a tile's, where the
+/// CPU backend takes 256 keys at a time), so over rows of several tiles o differs from the
+/// CPU backend's as much as from exact attention; its LSE, from the unrounded P, does not.
 pub fn assert_close(case: &Case, run: &GpuRun) {
-    for (what, a) in [("reference", run.vs_reference), ("cpu backend", run.vs_cpu)] {
+    let (o_tol, lse_tol) = case.tolerances();
+    for (what, a, lse_tol) in [
+        ("reference", run.vs_reference, lse_tol),
+        ("cpu backend", run.vs_cpu, LSE_TOL),
+    ] {
         assert!(
-            a.o_rel <= O_TOL && a.lse_abs <= LSE_TOL,
+            a.o_rel <= o_tol && a.lse_abs <= lse_tol,
             "against the {what}: o_rel {:.3e}, lse_abs {:.3e} (splits {}) for {case:#?}",
             a.o_rel,
             a.lse_abs,

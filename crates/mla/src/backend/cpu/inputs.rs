@@ -6,7 +6,7 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use crate::args::{DecodeInputs, Query};
-use crate::dtype::KvDecoder;
+use crate::dtype::{KvDecoder, round_e4m3};
 use crate::error::{Error, Result};
 use crate::plan::{DecodePlan, KeyRange};
 use crate::tensor::TensorRef;
@@ -49,6 +49,8 @@ pub struct HostInputs<'a> {
     pub block_table: &'a [i32],
     pub seq_lens: &'a [i32],
     pub decoder: KvDecoder,
+    /// The fp8-query mode's q_scale: q is read as its e4m3 codes `round_e4m3(q / q_scale)`.
+    q_scale: Option<f32>,
 }
 
 impl<'a> HostInputs<'a> {
@@ -85,7 +87,13 @@ impl<'a> HostInputs<'a> {
                 .seq_lens
                 .host_slice()
                 .ok_or_else(|| host("seq_lens"))?,
-            decoder: plan.kv_format.decoder(plan.model_dtype, plan.k_scale),
+            // The fp8-query mode multiplies the raw codes; k_scale goes on the scores and
+            // the output (split.rs), as on the GPU.
+            decoder: plan.kv_format.decoder(
+                plan.model_dtype,
+                if plan.fp8_query { 1.0 } else { plan.k_scale },
+            ),
+            q_scale: plan.fp8_query.then_some(plan.q_scale),
         };
         this.check_values(plan)?;
         Ok(this)
@@ -130,7 +138,8 @@ impl<'a> HostInputs<'a> {
         Ok(())
     }
 
-    /// q of `row`, head `head` as f32 (`dst` holds D = L + R values).
+    /// q of `row`, head `head` as the f32 values the products use (`dst` holds D = L + R
+    /// values): as given, or in the fp8-query mode its e4m3 codes.
     pub fn load_q(&self, plan: &DecodePlan, row: usize, head: usize, dst: &mut [f32]) {
         let l = plan.kv_lora_rank;
         let [nr, nh] = plan.q.nope_strides;
@@ -139,6 +148,9 @@ impl<'a> HostInputs<'a> {
         self.nope.read(row * nr + head * nh, dst_nope);
         self.rope
             .read(row * rr + head * rh + self.rope_offset, dst_rope);
+        if let Some(q_scale) = self.q_scale {
+            dst.iter_mut().for_each(|x| *x = round_e4m3(*x / q_scale));
+        }
     }
 
     /// Key `pos` of `request` as the values the products use (`dst` holds D values). The page

@@ -12,12 +12,45 @@
 //!
 //! The output is `acc / l`, the LSE `m + ln(l)`. Nothing here depends on other rows, so in
 //! batch-invariant mode (one split) a row's result is bitwise the same in any batch.
+//!
+//! The fp8-query mode (docs/contract.md) runs the same steps on codes: q as its e4m3 codes
+//! and the keys' raw fp8 codes (`HostInputs`), `q_scale * k_scale` on the scores, P times
+//! [`FP8_P_SCALE`] rounded to e4m3, and `k_scale / FP8_P_SCALE` on the output.
 
 use rayon::prelude::*;
 
 use super::gemm::{Mat, gemm};
 use super::inputs::HostInputs;
+use crate::dtype::{FP8_P_SCALE, round_e4m3};
 use crate::plan::{DecodePlan, KeyRange, split_range};
+
+/// The scales and the rounding of P a plan's products take.
+struct Numerics {
+    /// On the scores `Q K^T`.
+    score_scale: f32,
+    /// On the output, before the division by the row sum.
+    out_scale: f32,
+    /// P as `P V` reads it.
+    round_p: fn(&DecodePlan, f32) -> f32,
+}
+
+impl Numerics {
+    fn of(plan: &DecodePlan) -> Self {
+        if plan.fp8_query {
+            Numerics {
+                score_scale: plan.scale * plan.q_scale * plan.k_scale,
+                out_scale: plan.k_scale / FP8_P_SCALE,
+                round_p: |_, p| round_e4m3(p * FP8_P_SCALE),
+            }
+        } else {
+            Numerics {
+                score_scale: plan.scale,
+                out_scale: 1.0,
+                round_p: |plan, p| plan.model_dtype.round(p),
+            }
+        }
+    }
+}
 
 /// Keys per softmax step. 256 beat 64 and 128 by 5-10% on a 2-core AVX-512 EPYC (the key
 /// chunk, the scores and the accumulator still fit its 1 MB L2).
@@ -91,7 +124,7 @@ fn attend(
     let (l, d) = (plan.kv_lora_rank, plan.head_dim());
     let hg = lse.len();
     let request = row / plan.query_len;
-    let round = plan.model_dtype;
+    let num = Numerics::of(plan);
 
     for i in 0..hg {
         src.load_q(plan, row, head0 + i, &mut sc.q[i * d..(i + 1) * d]);
@@ -109,7 +142,7 @@ fn attend(
         // 2. S = scale * Q K^T
         let s_mat = Mat::rows(hg, n, KEY_CHUNK);
         gemm(
-            plan.scale,
+            num.score_scale,
             &sc.q,
             Mat::rows(hg, d, d),
             &sc.k,
@@ -128,7 +161,7 @@ fn attend(
             for x in p.iter_mut() {
                 let e = (*x - m_new).exp();
                 sum += e;
-                *x = round.round(e);
+                *x = (num.round_p)(plan, e);
             }
             sc.l[i] = sc.l[i] * alpha + sum;
             sc.m[i] = m_new;
@@ -157,7 +190,7 @@ fn attend(
             .iter_mut()
             .zip(&sc.acc[i * l..(i + 1) * l])
         {
-            *dst = a / li;
+            *dst = a * num.out_scale / li;
         }
         lse[i] = sc.m[i] + li.ln();
     }

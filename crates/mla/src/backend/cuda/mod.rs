@@ -222,6 +222,7 @@ impl CudaBackend {
             rope_dim: cfg.rope_dim,
             model: cfg.model_dtype,
             kv: cfg.kv_format,
+            fp8_query: cfg.fp8_query,
         };
         let stage1 = registry::Stage1::choose(
             cfg.q_heads,
@@ -639,6 +640,10 @@ fn pointers(
         Some(t) => dev("k_scale", t.device_ptr())?,
         None => 0,
     };
+    let q_scale = match &inputs.q_scale_tensor {
+        Some(t) if plan.fp8_query => dev("q_scale", t.device_ptr())?,
+        _ => 0,
+    };
     Ok(Pointers {
         q_nope,
         q_rope,
@@ -650,5 +655,6 @@ fn pointers(
         workspace,
         error_flag,
         k_scale,
+        q_scale,
     })
 }

@@ -41,6 +41,9 @@ pub struct DecodeParams {
     pub k_scale: f32,
     pub tokens_per_cta: i32,
     pub k_scale_ptr: u64,
+    pub q_scale_ptr: u64,
+    pub q_scale: f32,
+    pub _pad: i32,
 }
 
 /// Device addresses of one decode's tensors (first elements).
@@ -57,6 +60,8 @@ pub struct Pointers {
     pub error_flag: u64,
     /// The device f32 holding k_scale, or 0.
     pub k_scale: u64,
+    /// The device f32 holding the fp8-query mode's q_scale, or 0.
+    pub q_scale: u64,
 }
 
 impl DecodeParams {
@@ -106,6 +111,9 @@ impl DecodeParams {
             k_scale: plan.k_scale,
             tokens_per_cta: i(tokens_per_cta),
             k_scale_ptr: ptr.k_scale,
+            q_scale_ptr: ptr.q_scale,
+            q_scale: plan.q_scale,
+            _pad: 0,
         }
     }
 }
@@ -155,8 +163,8 @@ mod tests {
 
     #[test]
     fn layout_matches_params_cuh() {
-        // static_assert(sizeof(DecodeParams) == 216) in kernels/params.cuh.
-        assert_eq!(size_of::<DecodeParams>(), 216);
+        // static_assert(sizeof(DecodeParams) == 232) in kernels/params.cuh.
+        assert_eq!(size_of::<DecodeParams>(), 232);
         assert_eq!(offset_of!(DecodeParams, kv), 48);
         assert_eq!(offset_of!(DecodeParams, error_flag), 152);
         assert_eq!(offset_of!(DecodeParams, num_blocks), 160);
@@ -164,15 +172,17 @@ mod tests {
         assert_eq!(offset_of!(DecodeParams, k_scale), 200);
         assert_eq!(offset_of!(DecodeParams, tokens_per_cta), 204);
         assert_eq!(offset_of!(DecodeParams, k_scale_ptr), 208);
+        assert_eq!(offset_of!(DecodeParams, q_scale_ptr), 216);
+        assert_eq!(offset_of!(DecodeParams, q_scale), 224);
     }
 
     #[test]
     fn schedule_layout_matches_the_kernel() {
-        // static_assert(sizeof(ScheduleParams) == 288) in kernels/params.cuh.
-        assert_eq!(size_of::<ScheduleParams>(), 288);
-        assert_eq!(offset_of!(ScheduleParams, head_blocks), 216);
-        assert_eq!(offset_of!(ScheduleParams, line), 240);
-        assert_eq!(offset_of!(ScheduleParams, share), 280);
+        // static_assert(sizeof(ScheduleParams) == 304) in kernels/params.cuh.
+        assert_eq!(size_of::<ScheduleParams>(), 304);
+        assert_eq!(offset_of!(ScheduleParams, head_blocks), 232);
+        assert_eq!(offset_of!(ScheduleParams, line), 256);
+        assert_eq!(offset_of!(ScheduleParams, share), 296);
     }
 
     #[test]

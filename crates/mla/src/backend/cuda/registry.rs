@@ -146,6 +146,9 @@ pub struct Variant {
     /// scheduler kernel computed on the device (stage 1: persistent CTAs, each walking its
     /// stretch; the combine: the slots of the rows that were cut).
     pub scheduled: bool,
+    /// The fp8-query mode (`MLA_QFP8`) of a stage-1 kernel with an fp8 cache: q rewritten as
+    /// its e4m3 codes, P rounded to e4m3 (docs/contract.md).
+    pub fp8_query: bool,
 }
 
 impl Variant {
@@ -178,6 +181,9 @@ impl Variant {
         }
         if self.scheduled {
             d.push("-DMLA_SCHED=1".to_string());
+        }
+        if self.fp8_query {
+            d.push("-DMLA_QFP8=1".to_string());
         }
         d
     }
@@ -377,6 +383,8 @@ pub struct KernelShape {
     pub model: ModelDtype,
     /// The cache format.
     pub kv: KvFormat,
+    /// The fp8-query mode (the cache is fp8).
+    pub fp8_query: bool,
 }
 
 impl KernelShape {
@@ -387,6 +395,7 @@ impl KernelShape {
             rope_dim: 64,
             model,
             kv,
+            fp8_query: false,
         }
     }
 
@@ -402,6 +411,7 @@ impl KernelShape {
             stages,
             packed: false,
             scheduled: false,
+            fp8_query: self.fp8_query,
         }
     }
 }
@@ -528,7 +538,9 @@ impl Stage1 {
             KernelChoice::Auto => splits::NARROW_ROWS / 2,
             KernelChoice::Mma | KernelChoice::Wgmma => 0,
         };
-        let narrow = (wgmma && heads <= narrow_heads)
+        // The narrow kernel rounds an fp8 cache's values to the model dtype: it has no
+        // fp8-query mode, whose decodes take the mma or the packed wgmma kernel instead.
+        let narrow = (wgmma && heads <= narrow_heads && !shape.fp8_query)
             .then(|| narrow_variant(shape, smem_limit))
             .flatten();
         Some(Stage1 {
@@ -580,6 +592,7 @@ pub fn combine_variant(kv_lora_rank: usize, model: ModelDtype) -> Variant {
         stages: 0,
         packed: false,
         scheduled: false,
+        fp8_query: false,
     }
 }
 
@@ -602,19 +615,31 @@ pub fn smem_limit_of_arch(major: u32, minor: u32) -> usize {
 }
 
 /// Every variant the DeepSeek shapes (L = 512, R = 64) can use on an architecture: both model
-/// dtypes, every cache format, every row-group count that fits, and on sm_90a (`wgmma`) the
-/// wgmma kernels (one token a CTA, and packed) and the narrow kernel. What CI compiles.
+/// dtypes, every cache format (fp8 with and without the fp8-query mode), every row-group
+/// count that fits, and on sm_90a (`wgmma`) the wgmma kernels (one token a CTA, and packed)
+/// and the narrow kernel. What CI compiles.
 pub fn all_variants(smem_limit: usize, wgmma: bool) -> Vec<Variant> {
     let mut out = Vec::new();
     for model in [ModelDtype::Bf16, ModelDtype::F16] {
-        for kv in [
+        let shapes = [
             KvFormat::Bf16,
             KvFormat::F16,
             KvFormat::Fp8E4m3,
             KvFormat::Fp8E5m2,
-        ] {
+        ]
+        .into_iter()
+        .flat_map(|kv| {
+            let plain = KernelShape::deepseek(model, kv);
+            // An fp8 cache has the fp8-query mode too.
+            let fp8_query = KernelShape {
+                fp8_query: true,
+                ..plain
+            };
+            std::iter::once(plain).chain(kv.is_fp8().then_some(fp8_query))
+        });
+        for shape in shapes {
             for heads in [16, 32, 128] {
-                if let Some(v) = mma_variant(heads, KernelShape::deepseek(model, kv), smem_limit)
+                if let Some(v) = mma_variant(heads, shape, smem_limit)
                     && !out.contains(&v)
                 {
                     out.extend([
@@ -626,14 +651,17 @@ pub fn all_variants(smem_limit: usize, wgmma: bool) -> Vec<Variant> {
                     ]);
                 }
             }
-            if wgmma && let Some(v) = wgmma_variant(KernelShape::deepseek(model, kv), smem_limit) {
+            if wgmma && let Some(v) = wgmma_variant(shape, smem_limit) {
                 let scheduled = Variant {
                     scheduled: true,
                     ..v
                 };
                 out.extend([v, scheduled, Variant { packed: true, ..v }]);
             }
-            if wgmma && let Some(v) = narrow_variant(KernelShape::deepseek(model, kv), smem_limit) {
+            if wgmma
+                && !shape.fp8_query
+                && let Some(v) = narrow_variant(shape, smem_limit)
+            {
                 out.push(v);
             }
         }
@@ -717,6 +745,44 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_fp8_query_mode_has_its_own_variants_and_no_narrow_kernel() {
+        for (major, minor) in [(8, 0), (8, 9), (9, 0)] {
+            let all = all_variants(smem_limit_of_arch(major, minor), (major, minor) == (9, 0));
+            let qfp8: Vec<_> = all.iter().filter(|v| v.fp8_query).collect();
+            assert!(!qfp8.is_empty(), "{major}.{minor}");
+            for v in &qfp8 {
+                assert!(v.fp8() && v.family != Family::DecodeNarrow, "{v}");
+                assert!(v.defines().contains(&"-DMLA_QFP8=1".to_string()), "{v}");
+                // Every one has its twin without the mode.
+                assert!(all.contains(&Variant {
+                    fp8_query: false,
+                    ..**v
+                }));
+            }
+        }
+        let shape = KernelShape {
+            fp8_query: true,
+            ..bf16(KvFormat::Fp8E4m3)
+        };
+        for choice in [KernelChoice::Auto, KernelChoice::Narrow] {
+            let s = Stage1::choose(4, shape, 232_448, true, choice).unwrap();
+            assert_eq!(s.narrow, None);
+            assert!(s.decode.fp8_query && s.packed.is_some_and(|p| p.fp8_query));
+            // Few-head multi-token rows take the packed wgmma kernel or mma instead.
+            let (v, _) = s.launch(4, 2, 64);
+            assert!(v.fp8_query && v.family != Family::DecodeNarrow);
+        }
+        let plain = Stage1::choose(
+            4,
+            bf16(KvFormat::Fp8E4m3),
+            232_448,
+            true,
+            KernelChoice::Auto,
+        );
+        assert!(plain.unwrap().narrow.is_some());
     }
 
     #[test]
