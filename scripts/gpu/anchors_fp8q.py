@@ -10,16 +10,11 @@ reference of the unquantized q.
 
 Runs on the GPU machine: python3 scripts/gpu/anchors_fp8q.py --ref .anchors --out FILE.json
 """
-import argparse, importlib.util, json, math, os, sys
+import json, sys
 
 import torch
 
-
-def load_anchors(ref):
-    spec = importlib.util.spec_from_file_location("anchors", os.path.join(ref, "anchors.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from anchors_lib import cells, measure, ok, setup, summary
 
 
 def run_ours(mla_rs, c, fp8_query):
@@ -40,11 +35,7 @@ def run_ours(mla_rs, c, fp8_query):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ref", required=True, help="the folder of fetch-anchors.sh, with anchors.py copied in")
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args()
-    A = load_anchors(a.ref)
+    a, A = setup()
     import mla_rs
     fm, fm_err = A.load_flashmla(a.ref)
     ceil = A.ceilings()
@@ -66,30 +57,17 @@ def main():
         impls = [("ours", lambda: run_ours(mla_rs, c, False)), ("ours_q8", lambda: run_ours(mla_rs, c, True))]
         if fm is not None:
             impls.append(("flashmla", lambda: A.run_flashmla(fm, c)))
-        for name, mk in impls:
-            try:
-                r = mk()
-                if r is None:
-                    continue
-                fn, o, lse = r[:3]
-                row[name] = dict(us=A.timed(fn) * 1e3, err_o=A.rel_err(o[:n], ro), err_lse=A.rel_err(lse[:n], rl))
-            except Exception as e:  # noqa
-                row[name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+        row.update(measure(A, impls, n, ro, rl))
         rows.append(row)
-        cells = "  ".join(f"{k}={row[k]['us']:.1f}us(err {row[k]['err_o']:.1e})" if "us" in row[k] else f"{k}=ERR {row[k]['error'][:80]}"
-                          for k in ("flashmla", "ours", "ours_q8") if k in row)
-        print(f"B={B:3d} H={H:3d} ctx={ctx:5d} floor={floor_us:7.1f}us  {cells}", flush=True)
+        print(f"B={B:3d} H={H:3d} ctx={ctx:5d} floor={floor_us:7.1f}us  "
+              f"{cells(row, ('flashmla', 'ours', 'ours_q8'))}", flush=True)
         del c
         torch.cuda.empty_cache()
     json.dump(dict(device=torch.cuda.get_device_name(), ceilings=ceil, rows=rows), open(a.out, "w"), indent=1)
-    ok = lambda r, k: k in r and "us" in r[k]  # noqa
     for H in (128, 16):
         for ours in ("ours", "ours_q8"):
             ratios = [r["flashmla"]["us"] / r[ours]["us"] for r in rows if r["H"] == H and ok(r, ours) and ok(r, "flashmla")]
-            if ratios:
-                gm = math.exp(sum(map(math.log, ratios)) / len(ratios))
-                print(f"H={H} {ours} vs FlashMLA fp8: geomean {gm:.2f}x over {len(ratios)} cases, "
-                      f"min {min(ratios):.2f}x, max {max(ratios):.2f}x")
+            print(summary(ratios, f"H={H} {ours} vs FlashMLA fp8"))
 
 
 if __name__ == "__main__":

@@ -9,16 +9,11 @@ define it. Every implementation is checked against an fp32 reference first. bf16
 
 Runs on the GPU machine: python3 scripts/gpu/anchors_mtp.py --ref .anchors --out FILE.json
 """
-import argparse, importlib.util, json, math, os, sys
+import json, sys
 
 import torch
 
-
-def load_anchors(ref):
-    spec = importlib.util.spec_from_file_location("anchors", os.path.join(ref, "anchors.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from anchors_lib import cells, measure, ok, setup, summary
 
 
 def make_case(A, B, H, ctx, q_len, seed):
@@ -78,11 +73,7 @@ def run_ours(mla_rs, c):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ref", required=True, help="the folder of fetch-anchors.sh, with anchors.py copied in")
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args()
-    A = load_anchors(a.ref)
+    a, A = setup()
     import mla_rs
     fm, fm_err = A.load_flashmla(a.ref)
     fa3, fa3_err = A.load_fa3(a.ref)
@@ -107,26 +98,16 @@ def main():
             impls.append(("flashmla", lambda: run_flashmla(fm, c)))
         if fa3 is not None:
             impls.append(("fa3", lambda: A.run_fa3(fa3, c, q_len)[:3]))
-        for name, mk in impls:
-            try:
-                fn, o, lse = mk()
-                row[name] = dict(us=A.timed(fn) * 1e3, err_o=A.rel_err(o[:n], ro), err_lse=A.rel_err(lse[:n], rl))
-            except Exception as e:  # noqa
-                row[name] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
+        row.update(measure(A, impls, n, ro, rl))
         rows.append(row)
-        cells = "  ".join(f"{k}={row[k]['us']:.1f}us(err {row[k]['err_o']:.1e})" if "us" in row[k] else f"{k}=ERR {row[k]['error'][:80]}"
-                          for k in ("flashmla", "fa3", "ours") if k in row)
-        print(f"B={B:3d} H={H:3d} ctx={ctx:5d} q={q_len} floor={floor_us:7.1f}us  {cells}", flush=True)
+        print(f"B={B:3d} H={H:3d} ctx={ctx:5d} q={q_len} floor={floor_us:7.1f}us  "
+              f"{cells(row, ('flashmla', 'fa3', 'ours'))}", flush=True)
         del c
         torch.cuda.empty_cache()
     json.dump(dict(device=torch.cuda.get_device_name(), ceilings=ceil, rows=rows), open(a.out, "w"), indent=1)
-    ok = lambda r, k: k in r and "us" in r[k]  # noqa
     ratios = [min(r[k]["us"] for k in ("flashmla", "fa3") if ok(r, k)) / r["ours"]["us"]
               for r in rows if ok(r, "ours") and (ok(r, "flashmla") or ok(r, "fa3"))]
-    if ratios:
-        gm = math.exp(sum(map(math.log, ratios)) / len(ratios))
-        print(f"ours vs best of FlashMLA, FA3: geomean {gm:.2f}x over {len(ratios)} cases, "
-              f"min {min(ratios):.2f}x, max {max(ratios):.2f}x")
+    print(summary(ratios, "ours vs best of FlashMLA, FA3"))
 
 
 if __name__ == "__main__":

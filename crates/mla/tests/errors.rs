@@ -642,45 +642,6 @@ fn config_errors_surface_from_the_constructor() {
     ));
 }
 
-#[test]
-fn a_k_scale_tensor_replaces_the_value_and_is_checked() {
-    let (p, mut dec) = fp8(vec![70, 33]);
-    let mut by_value = Outputs::poisoned(&p);
-    dec.forward(&p.inputs().unwrap(), &mut by_value.views().unwrap())
-        .unwrap();
-    let scale = [0.5f32];
-    let with_tensor = DecodeInputs {
-        k_scale: 7.0, // ignored
-        k_scale_tensor: Some(TensorRef::contiguous(&scale, [1]).unwrap()),
-        ..p.inputs().unwrap()
-    };
-    let mut by_tensor = Outputs::poisoned(&p);
-    dec.forward(&with_tensor, &mut by_tensor.views().unwrap())
-        .unwrap();
-    assert_eq!(by_value.o.to_f32(), by_tensor.o.to_f32());
-    assert_eq!(by_value.lse, by_tensor.lse);
-    // Checked like the value, and for dtype and shape.
-    let (bad, two, ints) = ([0.0f32], [0.5f32, 0.5], [1i32]);
-    expect_err_on(
-        &mut dec,
-        &p,
-        |i| i.k_scale_tensor = Some(TensorRef::contiguous(&bad, [1]).unwrap()),
-        is!(Error::KScale(_)),
-    );
-    expect_err_on(
-        &mut dec,
-        &p,
-        |i| i.k_scale_tensor = Some(TensorRef::contiguous(&two, [2]).unwrap()),
-        msg("k_scale: expected shape [1], got [2]"),
-    );
-    expect_err_on(
-        &mut dec,
-        &p,
-        |i| i.k_scale_tensor = Some(TensorRef::contiguous(&ints, [1]).unwrap()),
-        msg("k_scale: expected dtype f32, got i32"),
-    );
-}
-
 /// An e4m3 problem (k_scale 0.5, q_scale 1/64) and a decoder in the fp8-query mode.
 fn fp8_query(lens: Vec<usize>) -> (Problem, MlaDecode) {
     let s = ProblemSpec::new(H, lens).with_format(ModelDtype::Bf16, KvFormat::Fp8E4m3);
@@ -738,48 +699,102 @@ fn q_scale_is_checked_in_the_fp8_query_mode_only() {
     assert!(out.lse.iter().all(|x| x.is_finite()));
 }
 
+/// A per-tensor scale of the inputs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Scale {
+    /// An fp8 cache's k_scale.
+    K,
+    /// The fp8-query mode's q_scale.
+    Q,
+}
+
+impl Scale {
+    /// A problem of these lengths and a decoder that reads this scale.
+    fn decoder(self, lens: Vec<usize>) -> (Problem, MlaDecode) {
+        match self {
+            Scale::K => fp8(lens),
+            Scale::Q => fp8_query(lens),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Scale::K => "k_scale",
+            Scale::Q => "q_scale",
+        }
+    }
+
+    /// The problem's value of the scale.
+    fn of(self, p: &Problem) -> f32 {
+        match self {
+            Scale::K => p.spec.k_scale,
+            Scale::Q => p.spec.q_scale,
+        }
+    }
+
+    fn set<'a>(self, i: &mut DecodeInputs<'a>, value: f32, tensor: Option<TensorRef<'a, 1>>) {
+        match self {
+            Scale::K => (i.k_scale, i.k_scale_tensor) = (value, tensor),
+            Scale::Q => (i.q_scale, i.q_scale_tensor) = (value, tensor),
+        }
+    }
+
+    fn is_its_error(self, e: &Error) -> bool {
+        match self {
+            Scale::K => matches!(e, Error::KScale(_)),
+            Scale::Q => matches!(e, Error::QScale(_)),
+        }
+    }
+}
+
+/// A one-element tensor of the scale replaces its value (the same outputs as the value, other
+/// outputs for another scale), and is checked like the value, and for dtype and shape.
+fn a_scale_tensor_replaces_the_value_and_is_checked(scale: Scale) {
+    let (bad, two, ints) = ([f32::NAN], [0.5f32, 0.5], [1i32]);
+    let (p, mut dec) = scale.decoder(vec![70, 33]);
+    let run = |dec: &mut MlaDecode, value: f32, tensor: Option<&[f32]>| {
+        let mut inputs = p.inputs().unwrap();
+        scale.set(
+            &mut inputs,
+            value,
+            tensor.map(|t| TensorRef::contiguous(t, [1]).unwrap()),
+        );
+        let mut out = Outputs::poisoned(&p);
+        dec.forward(&inputs, &mut out.views().unwrap()).unwrap();
+        (out.o.to_f32(), out.lse)
+    };
+    let value = scale.of(&p);
+    let by_value = run(&mut dec, value, None);
+    let by_tensor = run(&mut dec, 7.0, Some(&[value])); // 7: ignored
+    assert_eq!(by_value, by_tensor, "{scale:?}");
+    assert_ne!(by_value.0, run(&mut dec, 4.0 * value, None).0, "{scale:?}");
+    expect_err_on(
+        &mut dec,
+        &p,
+        |i| scale.set(i, value, Some(TensorRef::contiguous(&bad, [1]).unwrap())),
+        |e| assert!(scale.is_its_error(e), "{e}"),
+    );
+    let name = scale.name();
+    expect_err_on(
+        &mut dec,
+        &p,
+        |i| scale.set(i, value, Some(TensorRef::contiguous(&two, [2]).unwrap())),
+        msg(format!("{name}: expected shape [1], got [2]")),
+    );
+    expect_err_on(
+        &mut dec,
+        &p,
+        |i| scale.set(i, value, Some(TensorRef::contiguous(&ints, [1]).unwrap())),
+        msg(format!("{name}: expected dtype f32, got i32")),
+    );
+}
+
+#[test]
+fn a_k_scale_tensor_replaces_the_value_and_is_checked() {
+    a_scale_tensor_replaces_the_value_and_is_checked(Scale::K);
+}
+
 #[test]
 fn a_q_scale_tensor_replaces_the_value_and_is_checked() {
-    let (p, mut dec) = fp8_query(vec![70, 33]);
-    let mut by_value = Outputs::poisoned(&p);
-    dec.forward(&p.inputs().unwrap(), &mut by_value.views().unwrap())
-        .unwrap();
-    let scale = [p.spec.q_scale];
-    let with_tensor = DecodeInputs {
-        q_scale: 7.0, // ignored
-        q_scale_tensor: Some(TensorRef::contiguous(&scale, [1]).unwrap()),
-        ..p.inputs().unwrap()
-    };
-    let mut by_tensor = Outputs::poisoned(&p);
-    dec.forward(&with_tensor, &mut by_tensor.views().unwrap())
-        .unwrap();
-    assert_eq!(by_value.o.to_f32(), by_tensor.o.to_f32());
-    assert_eq!(by_value.lse, by_tensor.lse);
-    // The scale is used: another one gives other outputs.
-    let other = DecodeInputs {
-        q_scale: 4.0 * p.spec.q_scale,
-        ..p.inputs().unwrap()
-    };
-    let mut by_other = Outputs::poisoned(&p);
-    dec.forward(&other, &mut by_other.views().unwrap()).unwrap();
-    assert_ne!(by_value.o.to_f32(), by_other.o.to_f32());
-    let (bad, two, ints) = ([f32::NAN], [0.5f32, 0.5], [1i32]);
-    expect_err_on(
-        &mut dec,
-        &p,
-        |i| i.q_scale_tensor = Some(TensorRef::contiguous(&bad, [1]).unwrap()),
-        is!(Error::QScale(_)),
-    );
-    expect_err_on(
-        &mut dec,
-        &p,
-        |i| i.q_scale_tensor = Some(TensorRef::contiguous(&two, [2]).unwrap()),
-        msg("q_scale: expected shape [1], got [2]"),
-    );
-    expect_err_on(
-        &mut dec,
-        &p,
-        |i| i.q_scale_tensor = Some(TensorRef::contiguous(&ints, [1]).unwrap()),
-        msg("q_scale: expected dtype f32, got i32"),
-    );
+    a_scale_tensor_replaces_the_value_and_is_checked(Scale::Q);
 }

@@ -113,6 +113,23 @@ __device__ __forceinline__ float pow2(int e) {
     return __uint_as_float((u32)(e + 127) << 23);
 }
 
+/// Rewrites a tile of 16-bit pairs in shared memory in place: each pair (as f32, by `read`)
+/// becomes `f(lo, hi)`. `chunks` 16-byte chunks, chunk c at byte `at(c)` of `q`. Every one of
+/// the THREADS threads calls it; it ends with a barrier.
+template <int THREADS, typename At, typename F, typename Read>
+__device__ __forceinline__ void rewrite_pairs(unsigned char* q, int chunks, At at, F f, Read read) {
+    for (int c = threadIdx.x; c < chunks; c += THREADS) {
+        u32x4* at_c = (u32x4*)(q + at(c));
+        const u32x4 v = *at_c;
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
+        u32 h[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) h[i] = f(read(w[i] & 0xffffu), read(w[i] >> 16));
+        *at_c = {h[0], h[1], h[2], h[3]};
+    }
+    __syncthreads();
+}
+
 /// Rewrites a bf16 q tile in shared memory as f16 times 2^e, e putting its largest magnitude
 /// in [2^14, 2^15), and returns 2^-e (for the score scale). `chunks` 16-byte chunks of 8
 /// elements, chunk c at byte `at(c)` of `q`; `scratch` one u32 of shared memory the caller
@@ -141,18 +158,8 @@ __device__ __forceinline__ float q_to_f16(unsigned char* q, int chunks, At at, u
     const int top = (int)((bits >> 23) & 0xffu) - 127;
     const int e = bits == 0u ? 0 : min(126, max(-126, 14 - top));
     const float up = pow2(e);
-    for (int c = threadIdx.x; c < chunks; c += THREADS) {
-        u32x4* at_c = (u32x4*)(q + at(c));
-        const u32x4 v = *at_c;
-        const u32 w[4] = {v.x, v.y, v.z, v.w};
-        u32 h[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            h[i] = pack2<false>(bf16_to_float(w[i] & 0xffffu) * up, bf16_to_float(w[i] >> 16) * up);
-        }
-        *at_c = {h[0], h[1], h[2], h[3]};
-    }
-    __syncthreads();
+    rewrite_pairs<THREADS>(q, chunks, at, [up](float lo, float hi) { return pack2<false>(lo * up, hi * up); },
+                           [](u32 h) { return bf16_to_float(h); });
     return pow2(-e);
 }
 
@@ -201,20 +208,10 @@ __device__ __forceinline__ u32 e4m3x2_as_f16x2(float lo, float hi) {
 /// it ends with a barrier.
 template <int THREADS, bool BF16, typename At>
 __device__ __forceinline__ void q_to_e4m3(unsigned char* q, int chunks, At at, float q_scale) {
-    for (int c = threadIdx.x; c < chunks; c += THREADS) {
-        u32x4* at_c = (u32x4*)(q + at(c));
-        const u32x4 v = *at_c;
-        const u32 w[4] = {v.x, v.y, v.z, v.w};
-        u32 h[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            // A division, not a product with 1 / q_scale: the host's rounding, bit for bit.
-            h[i] = e4m3x2_as_f16x2(half_to_float<BF16>(w[i] & 0xffffu) / q_scale,
-                                   half_to_float<BF16>(w[i] >> 16) / q_scale);
-        }
-        *at_c = {h[0], h[1], h[2], h[3]};
-    }
-    __syncthreads();
+    // A division, not a product with 1 / q_scale: the host's rounding, bit for bit.
+    rewrite_pairs<THREADS>(q, chunks, at,
+                           [q_scale](float lo, float hi) { return e4m3x2_as_f16x2(lo / q_scale, hi / q_scale); },
+                           [](u32 h) { return half_to_float<BF16>(h); });
 }
 
 /// Two probabilities as `P V` multiplies them: rounded to the model's 16-bit type (BF16), or
