@@ -167,6 +167,16 @@ __device__ __forceinline__ float q_to_f16(unsigned char* q, int chunks, At at, u
 /// mla::dtype::FP8_P_SCALE.
 constexpr float FP8_P_SCALE = 256.0f;
 
+#if __CUDA_ARCH__ >= 890
+/// Two f32 rounded to e4m3 as e4m3x2_as_f16x2 rounds them, as the two codes (`lo` in the low
+/// byte): what fp8 wgmma multiplies. sm_89 and up only.
+__device__ __forceinline__ u32 e4m3x2_bits(float lo, float hi) {
+    u16 b;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(b) : "f"(hi), "f"(lo));
+    return b;
+}
+#endif
+
 /// Two f32 rounded to e4m3 (to nearest, ties to even, saturating at +-448; NaN stays NaN) and
 /// returned as the two f16 of those values, `lo` in the low half (exact: every e4m3 value is
 /// an f16). mla::dtype::round_e4m3 is its host twin.

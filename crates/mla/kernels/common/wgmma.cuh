@@ -31,6 +31,21 @@ __device__ __forceinline__ u64 smem_desc(u32 addr, u32 lbo, u32 sbo) {
            ((u64)((sbo >> 4) & 0x3fffu) << 32) | (1ull << 62);
 }
 
+/// Byte offset of 16-byte piece `c` (counted over the whole row) of row `r` in a tile of
+/// `rows` rows with the 64-byte swizzle (fp8 operands: 64 elements a row of a column chunk):
+/// chunks of 64-byte rows, 8 rows an atom of 512 bytes in which piece c of row r sits at
+/// piece c ^ (r / 2 % 4). Atoms must be 512-byte aligned.
+template <int ROWS>
+__device__ __forceinline__ u32 swizzled64(int r, int c) {
+    return (u32)((c / 4) * (ROWS * 64) + r * 64 + (((c % 4) ^ ((r / 2) % 4)) * 16));
+}
+
+/// A shared-memory matrix descriptor with the 64-byte swizzle (K-major operands: `sbo` bytes
+/// between 8-row groups, `lbo` unused).
+__device__ __forceinline__ u64 smem_desc64(u32 addr, u32 lbo, u32 sbo) {
+    return (smem_desc(addr, lbo, sbo) & ~(3ull << 62)) | (2ull << 62);
+}
+
 /// A descriptor `bytes` further on (a multiple of 16; the address field has room up to 256 KB).
 __device__ __forceinline__ u64 desc_at(u64 desc, u32 bytes) {
     return desc + (bytes >> 4);
@@ -93,6 +108,31 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], u64 desc_a, u
         MLA_WGMMA_64("f16");
     }
 #undef MLA_WGMMA_64
+}
+
+/// d[64 x 64] (f32, this thread's 32 values) += A[64 x 32] * B[32 x 64] on fp8 codes: A e4m3,
+/// B e4m3 (KV_FORMAT 2) or e5m2 (3), both K-major from shared memory (fp8 wgmma has no
+/// transpose). `accumulate` 0 overwrites d.
+template <int KV_FORMAT>
+__device__ __forceinline__ void wgmma_m64n64k32_fp8(float (&d)[32], u64 desc_a, u64 desc_b, int accumulate) {
+#define MLA_WGMMA_64_FP8(BTYPE)                                                                     \
+    asm volatile(                                                                                 \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                \
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3." BTYPE " {"                                \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "    \
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "    \
+        "%32, %33, p, 1, 1;\n}\n"   \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+    if (KV_FORMAT == 3) {
+        MLA_WGMMA_64_FP8("e5m2");
+    } else {
+        MLA_WGMMA_64_FP8("e4m3");
+    }
+#undef MLA_WGMMA_64_FP8
 }
 
 /// d[64 x 256] (f32, this thread's 128 values) += A[64 x 16] * B[16 x 256], both from shared memory

@@ -43,7 +43,9 @@
  *                  (L + R) % 64 == 0)
  *   MLA_BF16       1: the model dtype is bf16, 0: f16
  *   MLA_KV         0: cache in the model dtype; 1: the other 16-bit type; 2: fp8 e4m3; 3: fp8 e5m2
- *   MLA_QFP8       1: the fp8-query mode (an fp8 cache): q and P as e4m3 codes (common/fp8.cuh)
+ *   MLA_QFP8       1: the fp8-query mode (an fp8 cache): q and P as e4m3 codes (common/fp8.cuh);
+ *                  the scores on fp8 wgmma (m64n64k32) from q's codes and the raw stage, both
+ *                  in the 64-byte swizzle, while warpgroup 1 converts V alone to f16 for P V
  *   MLA_PACK       1: the CTA's rows are `tokens_per_cta` tokens x heads, each masked to its own
  *                  keys; 0: one token's 64 heads (tokens_per_cta must be 1), whose keys are the
  *                  CTA's (fewer registers and no division in the q loader)
@@ -83,7 +85,10 @@ constexpr bool Q_TO_F16 = BF16 && FP8 && !QFP8;
 constexpr bool PACK = MLA_PACK != 0;      // rows of several query tokens
 constexpr int KV_ELEM = FP8 ? 1 : 2;      // bytes per cache element
 constexpr int KEY_PIECES = D * KV_ELEM / 16;  // 16-byte pieces per cache row
-constexpr int TILE_BYTES = M * D * 2;     // q, a swizzled key tile (BN == M)
+constexpr int TILE_BYTES = M * D * 2;     // a swizzled 16-bit tile of 64 rows (BN == M)
+// q: 16-bit, or in the fp8-query mode its e4m3 codes (64-byte swizzle), which the scores
+// multiply with the raw fp8 keys on fp8 wgmma; the 16-bit q lands in the converted tile first.
+constexpr int Q_BYTES = QFP8 ? M * D : TILE_BYTES;
 constexpr int STAGE_BYTES = FP8 ? BN * D : TILE_BYTES;
 constexpr int KT_BYTES = FP8 ? TILE_BYTES : 0;
 constexpr int P_BYTES = M * BN * 2;
@@ -102,8 +107,8 @@ static_assert(!(MLA_SCHED && PACK), "the schedule's jobs are single tokens here"
 struct Smem {
     unsigned char* base;  // 1024-byte aligned
     __device__ unsigned char* q() const { return base; }
-    __device__ unsigned char* stage(int s) const { return base + TILE_BYTES + s * STAGE_BYTES; }
-    __device__ unsigned char* kt() const { return base + TILE_BYTES + STAGES * STAGE_BYTES; }
+    __device__ unsigned char* stage(int s) const { return base + Q_BYTES + s * STAGE_BYTES; }
+    __device__ unsigned char* kt() const { return base + Q_BYTES + STAGES * STAGE_BYTES; }
     __device__ unsigned char* p() const { return kt() + KT_BYTES; }
     __device__ i64* offsets(int s) const { return (i64*)(p() + P_BYTES) + s * BN; }
     __device__ float* alpha() const { return (float*)(p() + P_BYTES + OFF_BYTES); }
@@ -115,7 +120,7 @@ struct Smem {
 
 /// Shared memory the kernel needs (the host checks it against its own count).
 extern "C" __constant__ int mla_decode_smem_bytes =
-    ALIGN + TILE_BYTES + STAGES * STAGE_BYTES + KT_BYTES + P_BYTES + OFF_BYTES + STAT_BYTES;
+    ALIGN + Q_BYTES + STAGES * STAGE_BYTES + KT_BYTES + P_BYTES + OFF_BYTES + STAT_BYTES;
 
 namespace {
 
@@ -143,9 +148,10 @@ __device__ __forceinline__ TokensKeys cta_keys(const DecodeParams& p, const Rows
     return tokens_keys(p, len, rows.tok0, rows.tokens, pc.split, pc.splits);
 }
 
-/// q of the tile's rows, swizzled; padding rows are zero.
+/// q of the tile's rows, swizzled; padding rows are zero. In the fp8-query mode into the
+/// converted tile, free until the first tile, for quantize_q.
 __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, const Rows& rows) {
-    const u32 q = smem_addr(sm.q());
+    const u32 q = smem_addr(QFP8 ? sm.kt() : sm.q());
     for (int c = threadIdx.x; c < M * PIECES; c += THREADS) {
         const int r = c / PIECES, k = c % PIECES;
         const int row = rows.row(r), head = rows.head(r);
@@ -174,7 +180,9 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm,
         for (int k = 0; k < LANE_STEPS; ++k) {
             const int c = lane + 32 * k;
             if (KEY_PIECES % 32 == 0 || k + 1 < LANE_STEPS || c < KEY_PIECES) {
-                const u32 dst = stage + (FP8 ? j * (D * KV_ELEM) + c * 16 : swizzled<BN>(j, c));
+                const u32 dst = stage + (QFP8  ? swizzled64<BN>(j, c)
+                                         : FP8 ? j * (D * KV_ELEM) + c * 16
+                                               : swizzled<BN>(j, c));
                 cp_async16(dst, src + (valid ? c * 16 : 0), valid);
             }
         }
@@ -183,19 +191,25 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm,
 
 /// A staged tile not in the model dtype into one the products read: fp8 codes as f16
 /// (unscaled) from the raw stage into the swizzled tile of its own, the other 16-bit type in
-/// place, in the model dtype (decoded, rounded). Returns the tile the products read.
-__device__ __forceinline__ unsigned char* convert_tile(const Smem& sm, int s, float k_scale) {
-    constexpr int GROUPS = D / 8;  // 8 elements per conversion
-    constexpr int STEPS = (BN * GROUPS + THREADS - 1) / THREADS;
+/// place, in the model dtype (decoded, rounded). Returns the tile the products read. In the
+/// fp8-query mode the scores read the raw stage, so only V's L columns are converted, by
+/// warpgroup 1 while warpgroup 0 computes the scores. NT threads call it, `t` the caller's
+/// index among them.
+template <int NT>
+__device__ __forceinline__ unsigned char* convert_tile(const Smem& sm, int s, float k_scale, int t) {
+    constexpr int GROUPS = (QFP8 ? L : D) / 8;  // 8 elements per conversion
+    constexpr int STEPS = (BN * GROUPS + NT - 1) / NT;
     unsigned char* stage = sm.stage(s);
     unsigned char* kt = FP8 ? sm.kt() : stage;
 #pragma unroll 2
     for (int i = 0; i < STEPS; ++i) {
-        const int c = threadIdx.x + i * THREADS;
-        if ((BN * GROUPS) % THREADS != 0 && c >= BN * GROUPS) break;
+        const int c = t + i * NT;
+        if ((BN * GROUPS) % NT != 0 && c >= BN * GROUPS) break;
         const int j = c / GROUPS, g = c % GROUPS;
         u32x4 out;
-        if (FP8) {
+        if (QFP8) {
+            out = fp8x8_to_f16<KV>(*(const u32x2*)(stage + swizzled64<BN>(j, g / 2) + (g % 2) * 8));
+        } else if (FP8) {
             out = fp8x8_to_f16<KV>(*(const u32x2*)(stage + j * D + g * 8));
         } else {
             out = convert8<KV, BF16>(*(const u32x4*)(stage + swizzled<BN>(j, g)), k_scale);
@@ -203,6 +217,25 @@ __device__ __forceinline__ unsigned char* convert_tile(const Smem& sm, int s, fl
         *(u32x4*)(kt + swizzled<BN>(j, g)) = out;
     }
     return kt;
+}
+
+/// The fp8-query mode: the 16-bit q in the converted tile (load_q) as its e4m3 codes
+/// e4m3(q / q_scale) into q's own 64-byte-swizzled tile, 8 elements a step. Every thread
+/// calls it after q landed and a barrier; the first tile's barrier publishes the codes.
+__device__ __forceinline__ void quantize_q(const Smem& sm, float q_scale) {
+    for (int c = threadIdx.x; c < M * PIECES; c += THREADS) {
+        const int r = c / PIECES, k = c % PIECES;
+        const u32x4 v = *(const u32x4*)(sm.kt() + swizzled<M>(r, k));
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
+        u32 b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            // A division, not a product with 1 / q_scale: the host's rounding, bit for bit.
+            b[i] = e4m3x2_bits(half_to_float<BF16>(w[i] & 0xffffu) / q_scale,
+                               half_to_float<BF16>(w[i] >> 16) / q_scale);
+        }
+        *(u32x2*)(sm.q() + swizzled64<M>(r, k / 2) + (k % 2) * 8) = {b[0] | (b[1] << 16), b[2] | (b[3] << 16)};
+    }
 }
 
 /// Where P's pair (kk, i) of this thread lives in shared memory (swizzled): key group
@@ -353,7 +386,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         const auto at = [](int i) { return i * 16; };
         if (QFP8) {
             const float q_scale = read_q_scale(p, tid == 0 && pc.job == 0 && pc.split == 0);
-            q_to_e4m3<THREADS, BF16>(sm.q(), M * PIECES, at, q_scale);
+            quantize_q(sm, q_scale);
             sc *= q_scale;
         } else {
             sc *= q_to_f16<THREADS>(sm.q(), M * PIECES, at, (u32*)sm.alpha());
@@ -391,12 +424,19 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         const int ahead = first + STAGES * BN + lt;
         const i64 next_block = lt >= 0 && lt < BN ? block_of(p, req, ahead, keys.end) : NO_KEY;
         u32 k_addr = smem_addr(sm.stage(st));
-        if (CONVERT) {
+        if (QFP8) k_addr = smem_addr(sm.kt());
+        if (CONVERT && !QFP8) {
             // Everyone finished tile t - 1's products (the barrier above), so the converted
             // tile is free; the fence hands the converted values to the async proxy.
-            k_addr = smem_addr(convert_tile(sm, st, k_scale));
+            k_addr = smem_addr(convert_tile<THREADS>(sm, st, k_scale, tid));
             fence_proxy_async();
             __syncthreads();
+        }
+        if (QFP8 && wg == 1) {
+            // The scores read the raw stage: V converts beside them, published for P V by the
+            // barrier after the softmax.
+            convert_tile<THREADS / 2>(sm, st, k_scale, lt);
+            fence_proxy_async();
         }
 
         if (wg == 0) {
@@ -405,15 +445,31 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
             float s[BN / 2];
 #pragma unroll
             for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
-            const u64 qd = opaque(smem_desc(q_addr, 16, 1024)), kd = smem_desc(k_addr, 16, 1024);
-            wgmma_fence();
+            if (QFP8) {
+                // fp8 wgmma over D / 32 steps of k = 32 on the codes (q's and the raw stage's,
+                // both 64-byte swizzled): step ks reads 64-column chunk ks / 2 at byte
+                // 32 * (ks % 2) of each 64-byte row.
+                const u64 qd = opaque(smem_desc64(q_addr, 16, 512));
+                const u64 kd = smem_desc64(smem_addr(sm.stage(st)), 16, 512);
+                wgmma_fence();
 #ifndef MLA_EXP_NO_S
 #pragma unroll
-            for (int ks = 0; ks < D / 16; ++ks) {
-                const u32 at = (ks / 4) * (M * 128) + (ks % 4) * 32;
-                wgmma_m64n64k16_ss<MMA_BF16>(s, desc_at(qd, at), desc_at(kd, at), ks > 0);
-            }
+                for (int ks = 0; ks < D / 32; ++ks) {
+                    const u32 at = (ks / 2) * (M * 64) + (ks % 2) * 32;
+                    wgmma_m64n64k32_fp8<KV>(s, desc_at(qd, at), desc_at(kd, at), ks > 0);
+                }
 #endif
+            } else {
+                const u64 qd = opaque(smem_desc(q_addr, 16, 1024)), kd = smem_desc(k_addr, 16, 1024);
+                wgmma_fence();
+#ifndef MLA_EXP_NO_S
+#pragma unroll
+                for (int ks = 0; ks < D / 16; ++ks) {
+                    const u32 at = (ks / 4) * (M * 128) + (ks % 4) * 32;
+                    wgmma_m64n64k16_ss<MMA_BF16>(s, desc_at(qd, at), desc_at(kd, at), ks > 0);
+                }
+#endif
+            }
             wgmma_commit();
             wgmma_wait<0>();
 

@@ -263,7 +263,10 @@ impl Variant {
                 let d = self.kv_lora_rank + self.rope_dim;
                 let tile = t * d * 2;
                 let (stage, converted) = if self.fp8() { (t * d, tile) } else { (tile, 0) };
-                return 1024 + tile + 2 * stage + converted + t * t * 2 + 2 * t * 8 + 3 * t * 4;
+                // The fp8-query mode keeps q as e4m3 codes (the 16-bit q lands in the
+                // converted tile first).
+                let q = if self.fp8_query { t * d } else { tile };
+                return 1024 + q + 2 * stage + converted + t * t * 2 + 2 * t * 8 + 3 * t * 4;
             }
             Family::DecodeNarrow => {
                 // 1024 bytes of alignment slack, the ring of chunks (8 KB; fp8: 4 KB raw, and
@@ -883,6 +886,15 @@ mod tests {
             1024 + 73_728 + 2 * 36_864 + 73_728 + 8_192 + 1_024 + 768
         );
         assert_eq!((v.threads(), v.row_warps * 16), (256, 64));
+        // The fp8-query mode: q as e4m3 codes (64 x 576 bytes), the rest as above.
+        let q8 = Variant {
+            fp8_query: true,
+            ..v
+        };
+        assert_eq!(
+            q8.smem_bytes(),
+            1024 + 36_864 + 2 * 36_864 + 73_728 + 8_192 + 1_024 + 768
+        );
         let f16 = KernelShape::deepseek(ModelDtype::F16, KvFormat::F16);
         let narrow = KernelShape {
             kv_lora_rank: 256,
