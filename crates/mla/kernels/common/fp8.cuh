@@ -182,9 +182,8 @@ __device__ __forceinline__ u32 e4m3x2_bits(float lo, float hi) {
 /// an f16). mla::dtype::round_e4m3 is its host twin.
 __device__ __forceinline__ u32 e4m3x2_as_f16x2(float lo, float hi) {
 #if __CUDA_ARCH__ >= 890
-    u16 b;
+    const u16 b = (u16)e4m3x2_bits(lo, hi);
     u32 h;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(b) : "f"(hi), "f"(lo));
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(b));
     return h;
 #else

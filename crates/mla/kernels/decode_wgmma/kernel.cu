@@ -383,13 +383,12 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         cp_async_wait_group<1>();  // q landed (tile 0 may fly on)
         __syncthreads();
         // The whole tile, padding rows (zeros) included; alpha is free until the first tile.
-        const auto at = [](int i) { return i * 16; };
         if (QFP8) {
             const float q_scale = read_q_scale(p, tid == 0 && pc.job == 0 && pc.split == 0);
             quantize_q(sm, q_scale);
             sc *= q_scale;
         } else {
-            sc *= q_to_f16<THREADS>(sm.q(), M * PIECES, at, (u32*)sm.alpha());
+            sc *= q_to_f16<THREADS>(sm.q(), M * PIECES, [](int i) { return i * 16; }, (u32*)sm.alpha());
         }
     }
 
