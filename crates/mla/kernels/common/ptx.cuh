@@ -78,6 +78,44 @@ __device__ __forceinline__ void ldmatrix_x2(u32 r[2], u32 addr) {
                  : "r"(addr));
 }
 
+/// 8 bytes from shared memory at a 32-bit shared address, in program order (volatile, a
+/// memory clobber: the compiler neither hoists it nor keeps its address live ahead of time).
+__device__ __forceinline__ u32x2 ld_shared_u32x2(u32 addr) {
+    u32x2 v;
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
+    return v;
+}
+/// 16 bytes to shared memory at a 32-bit shared address, in program order.
+__device__ __forceinline__ void st_shared_u32x4(u32 addr, u32x4 v) {
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+/// 4 bytes to and from shared memory at a 32-bit shared address, in program order.
+__device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_shared_f32(u32 addr, float v) {
+    asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ u32 ld_shared_u32(u32 addr) {
+    u32 v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ float ld_shared_f32(u32 addr) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
+
+/// `x` as a value the compiler cannot see through: an address computed from it inside a loop
+/// is computed there, not hoisted out of the loop and kept in a register all along.
+__device__ __forceinline__ u32 opaque_u32(u32 x) {
+    u32 r;
+    asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(x));
+    return r;
+}
+
 /// c[16x8] += a[16x16] * b[16x8], f32 accumulate
 /// (fragments: https://docs.nvidia.com/cuda/parallel-thread-execution/#warp-level-matrix-fragment-mma-16816-float).
 template <bool BF16>

@@ -45,7 +45,10 @@
  *   MLA_KV         0: cache in the model dtype; 1: the other 16-bit type; 2: fp8 e4m3; 3: fp8 e5m2
  *   MLA_QFP8       1: the fp8-query mode (an fp8 cache): q and P as e4m3 codes (common/fp8.cuh);
  *                  the scores on fp8 wgmma (m64n64k32) from q's codes and the raw stage, both
- *                  in the 64-byte swizzle, while warpgroup 1 converts V alone to f16 for P V
+ *                  in the 64-byte swizzle; each warpgroup converts the V columns of its P V
+ *                  to f16, warpgroup 0 between its score wgmma (VHalf); in the packed and
+ *                  scheduled variants, and with MLA_EXP_V_ONE_WG, warpgroup 1 converts all
+ *                  of V beside the scores
  *   MLA_PACK       1: the CTA's rows are `tokens_per_cta` tokens x heads, each masked to its own
  *                  keys; 0: one token's 64 heads (tokens_per_cta must be 1), whose keys are the
  *                  CTA's (fewer registers and no division in the q loader)
@@ -82,6 +85,14 @@ constexpr bool FP8 = KV >= 2;             // fp8 stages raw rows and converts in
 constexpr bool MMA_BF16 = BF16 && !FP8;
 constexpr bool QFP8 = MLA_QFP8 != 0;
 constexpr bool Q_TO_F16 = BF16 && FP8 && !QFP8;
+// The fp8-query mode: each warpgroup converts the V columns its P V reads (VHalf), or
+// warpgroup 1 all of V: the packed and scheduled variants, which have no registers left
+// for it (they would spill), and MLA_EXP_V_ONE_WG, the first version, kept for comparison.
+#if defined(MLA_EXP_V_ONE_WG) || MLA_PACK || MLA_SCHED
+constexpr bool V_OWN_HALF = false;
+#else
+constexpr bool V_OWN_HALF = true;
+#endif
 constexpr bool PACK = MLA_PACK != 0;      // rows of several query tokens
 constexpr int KV_ELEM = FP8 ? 1 : 2;      // bytes per cache element
 constexpr int KEY_PIECES = D * KV_ELEM / 16;  // 16-byte pieces per cache row
@@ -189,35 +200,70 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm,
     }
 }
 
-/// A staged tile not in the model dtype into one the products read: fp8 codes as f16
-/// (unscaled) from the raw stage into the swizzled tile of its own, the other 16-bit type in
-/// place, in the model dtype (decoded, rounded). Returns the tile the products read. In the
-/// fp8-query mode the scores read the raw stage, so only V's L columns are converted, by
-/// warpgroup 1 while warpgroup 0 computes the scores. NT threads call it, `t` the caller's
-/// index among them.
-template <int NT>
-__device__ __forceinline__ unsigned char* convert_tile(const Smem& sm, int s, float k_scale, int t) {
-    constexpr int GROUPS = (QFP8 ? L : D) / 8;  // 8 elements per conversion
+/// Group `c` of 8 elements (key c / GROUPS, column group g0 + c % GROUPS) of a staged tile,
+/// as convert_tile converts it: fp8 codes as f16 (unscaled) from the raw stage (row-major,
+/// or in the fp8-query mode 64-byte swizzled) into the swizzled tile `kt`, the other 16-bit
+/// type in place, in the model dtype (decoded, rounded).
+template <int GROUPS>
+__device__ __forceinline__ void convert_group(const unsigned char* stage, unsigned char* kt, int c, int g0,
+                                              float k_scale) {
+    const int j = c / GROUPS, g = g0 + c % GROUPS;
+    u32x4 out;
+    if (QFP8) {
+        out = fp8x8_to_f16<KV>(*(const u32x2*)(stage + swizzled64<BN>(j, g / 2) + (g % 2) * 8));
+    } else if (FP8) {
+        out = fp8x8_to_f16<KV>(*(const u32x2*)(stage + j * D + g * 8));
+    } else {
+        out = convert8<KV, BF16>(*(const u32x4*)(stage + swizzled<BN>(j, g)), k_scale);
+    }
+    *(u32x4*)(kt + swizzled<BN>(j, g)) = out;
+}
+
+/// A staged tile not in the model dtype into one the products read (convert_group), its
+/// GROUPS column groups from `g0` on; returns that tile. NT threads call it, `t` the caller's
+/// index among them. In the fp8-query mode the scores read the raw stage and each warpgroup
+/// converts only the V columns its P V reads: warpgroup 1 here, beside the scores, and
+/// warpgroup 0 a group at a time between its score wgmma (V_STEPS, in decode_piece).
+template <int NT, int GROUPS = D / 8>
+__device__ __forceinline__ unsigned char* convert_tile(const Smem& sm, int s, float k_scale, int t, int g0 = 0) {
     constexpr int STEPS = (BN * GROUPS + NT - 1) / NT;
-    unsigned char* stage = sm.stage(s);
-    unsigned char* kt = FP8 ? sm.kt() : stage;
+    unsigned char* kt = FP8 ? sm.kt() : sm.stage(s);
 #pragma unroll 2
     for (int i = 0; i < STEPS; ++i) {
         const int c = t + i * NT;
         if ((BN * GROUPS) % NT != 0 && c >= BN * GROUPS) break;
-        const int j = c / GROUPS, g = c % GROUPS;
-        u32x4 out;
-        if (QFP8) {
-            out = fp8x8_to_f16<KV>(*(const u32x2*)(stage + swizzled64<BN>(j, g / 2) + (g % 2) * 8));
-        } else if (FP8) {
-            out = fp8x8_to_f16<KV>(*(const u32x2*)(stage + j * D + g * 8));
-        } else {
-            out = convert8<KV, BF16>(*(const u32x4*)(stage + swizzled<BN>(j, g)), k_scale);
-        }
-        *(u32x4*)(kt + swizzled<BN>(j, g)) = out;
+        convert_group<GROUPS>(sm.stage(s), kt, c, g0, k_scale);
     }
     return kt;
 }
+
+/// The fp8-query mode: warpgroup 0's half of V (columns 0 .. L / 2) to f16, a group of 8
+/// elements after each of its score wgmma, so that the conversion runs while the tensor cores
+/// take the scores. Thread t converts column group t % 32 of keys t / 32 + 4 i (step i <
+/// V_STEPS); keys 8 apart share both swizzles, so two bases each (even and odd steps) plus
+/// constant offsets address every step, and the shared accesses are volatile: no address or
+/// load is hoisted ahead (the warpgroup's 128 output and 32 score registers leave about ten).
+struct VHalf {
+    static constexpr int GROUPS = L / 16;                       // groups of 8 a key in the half
+    static constexpr int STEPS = BN * GROUPS / (THREADS / 2);   // groups a thread
+    u32 src[2], dst[2];
+    __device__ __forceinline__ VHalf(const Smem& sm, int st, int t) {
+        const int g = t % GROUPS;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int j = t / GROUPS + e * (THREADS / 2 / GROUPS);
+            src[e] = smem_addr(sm.stage(st)) + swizzled64<BN>(j, g / 2) + (g % 2) * 8;
+            dst[e] = smem_addr(sm.kt()) + swizzled<BN>(j, g);
+        }
+    }
+    /// Step i (a compile-time constant once unrolled).
+    __device__ __forceinline__ void step(int i) const {
+        const u32x2 codes = ld_shared_u32x2(src[i % 2] + (i / 2) * 8 * 64);
+        st_shared_u32x4(dst[i % 2] + (i / 2) * 8 * 128, fp8x8_to_f16<KV>(codes));
+    }
+};
+static_assert(!QFP8 || (THREADS / 2 / VHalf::GROUPS == 4 && BN * VHalf::GROUPS % (THREADS / 2) == 0),
+              "VHalf: four keys a step, keys 8 apart two steps apart");
 
 /// The fp8-query mode: the 16-bit q in the converted tile (load_q) as its e4m3 codes
 /// e4m3(q / q_scale) into q's own 64-byte-swizzled tile, 8 elements a step. Every thread
@@ -432,9 +478,14 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
             __syncthreads();
         }
         if (QFP8 && wg == 1) {
-            // The scores read the raw stage: V converts beside them, published for P V by the
-            // barrier after the softmax.
-            convert_tile<THREADS / 2>(sm, st, k_scale, lt);
+            // The scores read the raw stage: V's columns of warpgroup 1 (all of V in the
+            // first version) convert beside them, published for P V by the barrier after the
+            // softmax.
+            if (V_OWN_HALF) {
+                convert_tile<THREADS / 2, L / 16>(sm, st, k_scale, lt, L / 16);
+            } else {
+                convert_tile<THREADS / 2, L / 8>(sm, st, k_scale, lt);
+            }
             fence_proxy_async();
         }
 
@@ -451,13 +502,21 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
                 const u64 qd = opaque(smem_desc64(q_addr, 16, 512));
                 const u64 kd = smem_desc64(smem_addr(sm.stage(st)), 16, 512);
                 wgmma_fence();
-#ifndef MLA_EXP_NO_S
+                // While the tensor cores take the scores, this warpgroup's V columns to f16,
+                // a group after each wgmma (they read neither; the barrier after the softmax
+                // publishes them). Not a loop of its own: one between the wgmma and their
+                // wait makes ptxas serialize them (C7519), and unrolled it spills.
+                static_assert(VHalf::STEPS <= D / 32, "a group per wgmma");
+                const VHalf v_half(sm, st, tid);
 #pragma unroll
                 for (int ks = 0; ks < D / 32; ++ks) {
                     const u32 at = (ks / 2) * (M * 64) + (ks % 2) * 32;
+#ifndef MLA_EXP_NO_S
                     wgmma_m64n64k32_fp8<KV>(s, desc_at(qd, at), desc_at(kd, at), ks > 0);
-                }
 #endif
+                    if (V_OWN_HALF && ks < VHalf::STEPS) v_half.step(ks);
+                }
+                if (V_OWN_HALF) fence_proxy_async();
             } else {
                 const u64 qd = opaque(smem_desc(q_addr, 16, 1024)), kd = smem_desc(k_addr, 16, 1024);
                 wgmma_fence();

@@ -18,6 +18,12 @@ pub const LSE_TOL: f64 = 1e-3;
 pub const FP8_QUERY_O_TOL: f64 = 5e-2;
 /// Largest LSE error in the fp8-query mode.
 pub const FP8_QUERY_LSE_TOL: f64 = 0.15;
+/// Largest LSE difference between a GPU kernel and the CPU backend in the fp8-query mode.
+/// Hopper's fp8 wgmma adds its products at less than f32's precision (DeepSeek-V3's report
+/// measured about 14 bits on the H800), so its scores differ from the CPU backend's f32 sums
+/// by more than the f16 products' (measured on the H200: up to 1.13e-3 against 1e-3 for the
+/// mma kernel's f16 products; scripts/gpu/run.sh tests prints every case's).
+pub const FP8_QUERY_CPU_LSE_TOL: f64 = 3e-3;
 
 /// One decode case: a problem and the decoder settings it runs under.
 #[derive(Debug, Clone)]
@@ -53,6 +59,15 @@ impl Case {
             (FP8_QUERY_O_TOL, FP8_QUERY_LSE_TOL)
         } else {
             (O_TOL, LSE_TOL)
+        }
+    }
+
+    /// The largest LSE difference a GPU kernel may show against the CPU backend.
+    pub fn cpu_lse_tolerance(&self) -> f64 {
+        if self.fp8_query {
+            FP8_QUERY_CPU_LSE_TOL
+        } else {
+            LSE_TOL
         }
     }
 
