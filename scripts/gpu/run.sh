@@ -9,9 +9,10 @@
 # (needs two GPUs).
 # `tests` runs the GPU suites with the kernels chosen as shipped, then the contract and
 # runtime suites again with MLA_KERNEL=wgmma (the Hopper kernel at every head count),
-# MLA_KERNEL=mma (the sm_80 kernel at every head count) and MLA_KERNEL=narrow (Hopper's
-# few-head kernel for single tokens too). `compare` times both stage-1
-# kernels on the same cases.
+# MLA_KERNEL=mma (the sm_80 kernel at every head count), MLA_KERNEL=narrow (Hopper's
+# few-head kernel for single tokens too) and MLA_KERNEL=seesaw (the seesaw kernel for every
+# single-token decode with a cache in the model dtype). `compare` times the stage-1 kernels
+# of MLA_COMPARE_KERNELS (default: mma wgmma) on the same cases.
 # Each step runs under a time limit (seconds, env: MLA_STEP_LIMIT, default 300).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -61,7 +62,7 @@ run_test() {
 try_failed=0
 if has tests; then
   for t in cuda_contract cuda_runtime cuda_sanitize cuda_schedule; do run_test $t ""; done
-  for k in wgmma mma narrow; do
+  for k in wgmma mma narrow seesaw; do
     for t in cuda_contract cuda_runtime; do run_test $t $k; done
   done
   # The device-computed schedule (docs/scheduler.md) on both kernels that take it.
@@ -88,9 +89,9 @@ if [[ " $steps " == *" try "* ]] && [ -n "${MLA_TRY_DEFINES:-}" ]; then
   [ "$try_failed" = 0 ] && try_ok=1
 fi
 
-# Each sanitizer five ways: kernels as shipped, the wgmma kernel at every head count, the
-# narrow kernel wherever it runs, and the scheduled decode on the wgmma and the mma kernels
-# (and a trial variant). The runs are independent and mostly CPU-bound (instrumentation), so
+# Each sanitizer six ways: kernels as shipped, the wgmma kernel at every head count, the
+# narrow and the seesaw kernels wherever they run, and the scheduled decode on the wgmma and
+# the mma kernels (and a trial variant). The runs are independent and mostly CPU-bound (instrumentation), so
 # they run side by side (MLA_SANITIZE_SERIAL=1: one at a time); each writes its summary line
 # to a file, read back in order.
 sanitize_one() {  # TOOL K: one run, its summary line into $out/note-sanitizer-TOOL-K.txt
@@ -109,7 +110,7 @@ for tool in memcheck racecheck; do
   if has "$tool"; then
     trial=""
     [ "$try_ok" = 1 ] && trial=try
-    for k in "" wgmma narrow scheduled-wgmma scheduled-mma $trial; do runs+=("$tool:$k"); done
+    for k in "" wgmma narrow seesaw scheduled-wgmma scheduled-mma $trial; do runs+=("$tool:$k"); done
   fi
 done
 for r in "${runs[@]}"; do
@@ -145,13 +146,19 @@ bench_row() {
 }
 
 if has compare; then
-  # batch heads ctx kv-dtype [more bench arguments]: the two stage-1 kernels on the same problems.
+  # batch heads ctx kv-dtype [more bench arguments]: the stage-1 kernels of
+  # MLA_COMPARE_KERNELS on the same problems, those below or MLA_COMPARE_CASES ("b h ctx kv
+  # [more bench arguments]; ...").
+  compare_cases() {
+    if [ -n "${MLA_COMPARE_CASES:-}" ]; then tr ';' '\n' <<< "$MLA_COMPARE_CASES"; else cat; fi
+  }
   while read -r b h c kv extra; do
+    [ -n "$b" ] || continue
     for k in ${MLA_COMPARE_KERNELS:-mma wgmma}; do
       bench_row "$k $b $h $c $kv" "$k" "" compare --batch "$b" --heads "$h" --ctx "$c" \
         --kv-dtype "$kv" $extra
     done
-  done <<'CASES'
+  done < <(compare_cases <<'CASES'
 128 128 4096 bf16
 32 128 8192 bf16
 1 128 8192 bf16
@@ -168,6 +175,7 @@ if has compare; then
 4 16 8192 bf16 --query-len 4
 64 16 8192 fp8 --query-len 4
 CASES
+)
   python3 scripts/gpu/compare_table.py "$out/compare.txt"
 fi
 

@@ -188,7 +188,8 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
     // heads take the wgmma kernel whatever the cache; 16 heads take mma.sync for one token a
     // request and the wgmma kernel, tokens packed, for two or more (warmup builds both); 8
     // heads x 2 tokens with a bf16 cache take the narrow kernel (and mma.sync is built for
-    // pages it does not tile). MLA_KERNEL=mma|wgmma|narrow forces a family.
+    // pages it does not tile). MLA_KERNEL=mma|wgmma|narrow|seesaw forces a family (the seesaw
+    // kernel: single tokens with a cache in the model dtype, unless the decoder schedules).
     for (heads, kv, dtype, q_len) in [
         (128, KvFormat::Bf16, CacheDtype::Auto, 1),
         (64, KvFormat::Bf16, CacheDtype::Auto, 1),
@@ -234,6 +235,12 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
             && heads <= narrow_heads
             && kv == KvFormat::Bf16;
         let narrow_launched = narrow_built && !launches_wgmma && (q_len > 1 || forced == "narrow");
+        let seesaw_built = hopper
+            && forced == "seesaw"
+            && kv == KvFormat::Bf16
+            && !registry::schedule_from_env().unwrap_or(false);
+        let seesaw_launched = seesaw_built && !packs && !narrow_launched;
+        assert_eq!(families.contains(&Family::DecodeSeesaw), seesaw_built);
         assert_eq!(
             families.contains(&Family::DecodeWgmma),
             wgmma_built,
@@ -247,6 +254,8 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         assert_eq!(families.contains(&Family::DecodeNarrow), narrow_built);
         let launched = if narrow_launched {
             Family::DecodeNarrow
+        } else if seesaw_launched {
+            Family::DecodeSeesaw
         } else if launches_wgmma {
             Family::DecodeWgmma
         } else {
@@ -283,9 +292,15 @@ fn the_configuration_turns_the_device_schedule_on() {
         };
         let run = gpu::run_case_on(&mut dec, &case);
         gpu::assert_close(&case, &run);
-        // The narrow kernel (MLA_KERNEL=narrow at 16 heads) has no scheduled variant.
+        // The narrow kernel (MLA_KERNEL=narrow at 16 heads) has no scheduled variant (the
+        // seesaw kernel, MLA_KERNEL=seesaw, gives way to the decoder's own on the schedule).
         let narrow = dec.kernel_name(1, 64) == Family::DecodeNarrow.entry();
         let expected = env.unwrap_or(asked) && !narrow;
+        let seesaw = dec.kernel_name(1, 64) == Family::DecodeSeesaw.entry();
+        assert!(
+            !(seesaw && expected),
+            "the seesaw kernel launched on the schedule"
+        );
         assert_eq!(
             dec.cuda_backend().unwrap().scheduled_decodes() > 0,
             expected,

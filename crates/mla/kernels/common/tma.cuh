@@ -19,6 +19,15 @@ struct __align__(64) TensorMap {
     u64 opaque[16];
 };
 
+/// The argument of the stage-1 kernels that copy the keys by TMA (decode_narrow,
+/// decode_seesaw): the decode's parameters and the cache's tensor map (dims: D elements,
+/// page_size slots, num_blocks pages; box: 64 elements x min(page_size, 64) slots).
+struct TmaParams {
+    DecodeParams d;
+    TensorMap kv_map;
+};
+static_assert(sizeof(TmaParams) == 384, "TmaParams must match src/backend/cuda/params.rs");
+
 /// Sets up an mbarrier at shared address `bar` expecting `count` arrivals a phase.
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
@@ -73,6 +82,12 @@ __device__ __forceinline__ void set_max_registers() {
 __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+/// Arrives at named barrier `id` without waiting: the producer's half of a hand-over whose
+/// consumers wait there (named_barrier) for `threads` arrivals in all; this thread's earlier
+/// shared-memory writes are visible to them once they pass.
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
 
 /// Keys of a tile read by TMA: wgmma's 64 rows. Tiles start at multiples of it, so a tile
 /// never straddles a page of 64 keys or more, and pages of 8, 16 or 32 keys fill it whole.
@@ -88,6 +103,15 @@ struct TileBoxes {
     __device__ explicit TileBoxes(int page_size) : box(min(page_size, TMA_TILE)), count(TMA_TILE / box) {}
 };
 
+/// Whether box `lane` of the tile from `first` (a multiple of TMA_TILE) has a block-table
+/// entry to read, and where (`i`): not when the box holds none of `keys` or lies past the
+/// table. A page wholly before the keys is never looked up (its entry may be stale).
+__device__ __forceinline__ bool box_entry(const DecodeParams& p, int req, int first, const TileBoxes& boxes,
+                                          const KeyRange& keys, int lane, i64& i) {
+    return lane < boxes.count && first + (lane + 1) * boxes.box > keys.start &&
+           table_entry(p, req, max(first + lane * boxes.box, keys.start), keys.end, i);
+}
+
 /// One lane's read of the block table for box `lane` of a tile, started now and used later:
 /// the issuing warp starts tile t + 1's reads before it issues tile t and takes their values
 /// after, so the read's latency hides behind the issue (an issuing thread has about 500
@@ -96,15 +120,11 @@ struct BoxLookup {
     const int* at = nullptr;  // the entry, or nullptr: no box, or none of the keys in it
     int entry = 0;
 
-    /// Starts the read of box `lane` of the tile from `first` (a multiple of TMA_TILE); none
-    /// when the box holds none of `keys` or lies past the block table. A page wholly before
-    /// the keys is never looked up (its entry may be stale).
+    /// Starts the read of box `lane` of the tile from `first` (box_entry's rule).
     __device__ void start(const DecodeParams& p, int req, int first, const TileBoxes& boxes, const KeyRange& keys,
                           int lane) {
         i64 i;
-        const bool some = lane < boxes.count && first + (lane + 1) * boxes.box > keys.start &&
-                          table_entry(p, req, max(first + lane * boxes.box, keys.start), keys.end, i);
-        at = some ? p.block_table + i : nullptr;
+        at = box_entry(p, req, first, boxes, keys, lane, i) ? p.block_table + i : nullptr;
         entry = at != nullptr ? *at : 0;
     }
 

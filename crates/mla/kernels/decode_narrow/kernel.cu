@@ -60,14 +60,6 @@
 #include "common/wgmma.cuh"
 #include "params.cuh"
 
-/// The kernel's argument: the decode's parameters and the cache's tensor map (dims: D
-/// elements, page_size slots, num_blocks pages; box: 64 elements x min(page_size, 64) slots).
-struct NarrowParams {
-    DecodeParams d;
-    TensorMap kv_map;
-};
-static_assert(sizeof(NarrowParams) == 384, "NarrowParams must match src/backend/cuda/params.rs");
-
 namespace {
 
 constexpr bool BF16 = MLA_BF16 != 0;
@@ -148,7 +140,7 @@ struct Cols {
 /// one (about 500 cycles at the H200's bandwidth an SM; NOTES.md: a producer slower than that
 /// cost 1.55x), so lane 0 alone walks the chunks with nothing but the slot's wait, its byte
 /// count and the copies, and the warp reads tile t + 1's block ids while lane 0 issues tile t.
-__device__ __forceinline__ void produce(const NarrowParams& np, const Smem& sm, int req, int first0, int tiles,
+__device__ __forceinline__ void produce(const TmaParams& np, const Smem& sm, int req, int first0, int tiles,
                                         const KeyRange& keys) {
     const DecodeParams& p = np.d;
     const int lane = threadIdx.x % 32;
@@ -260,7 +252,7 @@ __device__ __forceinline__ u32 pt_offset(int c, int k) {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const __grid_constant__ NarrowParams np) {
+extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const __grid_constant__ TmaParams np) {
     const DecodeParams& p = np.d;
     allow_dependent_launch();  // the combine may start launching (it waits for our writes)
     extern __shared__ __align__(1024) unsigned char smem_raw[];

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaStream};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
-use super::params::{DecodeParams, NarrowParams, ScheduleParams, TensorMap};
+use super::params::{DecodeParams, ScheduleParams, TensorMap, TmaParams};
 use crate::error::{Error, Result};
 
 /// Whether libnvrtc can be loaded (cudarc panics on first use otherwise). Enough to compile.
@@ -151,9 +151,9 @@ pub(crate) unsafe trait KernelParams {}
 
 // SAFETY: the mirror of `kernels/params.cuh` (size asserted in params.rs and the header).
 unsafe impl KernelParams for DecodeParams {}
-// SAFETY: the mirror of `struct NarrowParams` in kernels/decode_narrow/kernel.cu (size and
+// SAFETY: the mirror of `struct TmaParams` in kernels/common/tma.cuh (size and
 // offsets asserted in params.rs and the kernel); its tensor map covers the same cache as `d`.
-unsafe impl KernelParams for NarrowParams {}
+unsafe impl KernelParams for TmaParams {}
 // SAFETY: the mirror of `struct ScheduleParams` in kernels/schedule/kernel.cu (size and
 // offsets asserted in params.rs and the kernel); its output pointers are device buffers of
 // the lengths the kernel writes (`CudaBackend::schedule`).

@@ -29,7 +29,7 @@ use cudarc::nvrtc::Ptx;
 
 use self::combine::CombineShape;
 use self::compile::{Built, Target};
-use self::params::{DecodeParams, NarrowParams, Pointers};
+use self::params::{DecodeParams, Pointers, TmaParams};
 use self::registry::Variant;
 use crate::args::{DecodeInputs, DecodeOutputs, Query};
 use crate::config::{DeviceInfo, ValidConfig};
@@ -224,7 +224,7 @@ impl CudaBackend {
             kv: cfg.kv_format,
             fp8_query: cfg.fp8_query,
         };
-        let stage1 = registry::Stage1::choose(
+        let mut stage1 = registry::Stage1::choose(
             cfg.q_heads,
             shape,
             self.smem_limit,
@@ -241,15 +241,19 @@ impl CudaBackend {
                 ),
             )
         })?;
+        // Asked for (the configuration, or the environment over it), where the configuration
+        // allows it (ValidConfig::schedules_if), by a kernel that can. The scheduled decodes
+        // are the decoder's own kernel's: the seesaw kernel has no scheduled variant.
+        let asked = registry::schedule_from_env().unwrap_or(cfg.schedule);
+        self.schedule = cfg.schedules_if(asked) && stage1.decode.schedulable();
+        if self.schedule {
+            stage1.seesaw = None;
+        }
         self.chosen = Some(ConfigKernels {
             stage1,
             combine: registry::combine_variant(l, cfg.model_dtype),
             pdl: self.target.wgmma() && std::env::var_os("MLA_EXP_NO_PDL").is_none(),
         });
-        // Asked for (the configuration, or the environment over it), where the configuration
-        // allows it (ValidConfig::schedules_if), by a kernel that can.
-        let asked = registry::schedule_from_env().unwrap_or(cfg.schedule);
-        self.schedule = cfg.schedules_if(asked) && stage1.decode.schedulable();
         Ok(())
     }
 
@@ -496,13 +500,13 @@ impl CudaBackend {
         let f = self.kernel(decode)?.clone();
         let (grid, block, smem) = ((grid_x, splits), (decode.threads(), 1), decode.smem_bytes());
         if decode.takes_tensor_map() {
-            let narrow = NarrowParams {
+            let with_map = TmaParams {
                 d: params,
                 kv_map: self
                     .kv_maps
                     .get(tma::MapShape::kv_cache(plan, ptr.kv), tma::MapShape::encode)?,
             };
-            ffi::launch(&self.stream, &f, grid, block, smem as u32, &narrow)?;
+            ffi::launch(&self.stream, &f, grid, block, smem as u32, &with_map)?;
         } else {
             ffi::launch(&self.stream, &f, grid, block, smem as u32, &params)?;
         }

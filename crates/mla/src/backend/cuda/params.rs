@@ -124,12 +124,12 @@ impl DecodeParams {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TensorMap(pub [u64; 16]);
 
-/// The argument of the narrow kernel (`struct NarrowParams` in
-/// `kernels/decode_narrow/kernel.cu`): the decode's parameters, then the cache's tensor map
-/// at the next 64-byte boundary.
+/// The argument of the stage-1 kernels that copy the keys by TMA, the narrow and the seesaw
+/// kernels (`struct TmaParams` in `kernels/common/tma.cuh`): the decode's parameters, then
+/// the cache's tensor map at the next 64-byte boundary.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub struct NarrowParams {
+pub struct TmaParams {
     pub d: DecodeParams,
     pub kv_map: TensorMap,
 }
@@ -186,10 +186,10 @@ mod tests {
     }
 
     #[test]
-    fn narrow_layout_matches_the_kernel() {
-        // static_assert(sizeof(NarrowParams) == 384) in kernels/decode_narrow/kernel.cu.
-        assert_eq!(size_of::<NarrowParams>(), 384);
-        assert_eq!(offset_of!(NarrowParams, kv_map), 256);
+    fn tma_params_layout_matches_the_kernels() {
+        // static_assert(sizeof(TmaParams) == 384) in kernels/common/tma.cuh.
+        assert_eq!(size_of::<TmaParams>(), 384);
+        assert_eq!(offset_of!(TmaParams, kv_map), 256);
         assert_eq!(std::mem::align_of::<TensorMap>(), 64);
     }
 }

@@ -58,6 +58,10 @@ pub enum Family {
     /// Stage 1 for few heads on Hopper (sm_90a): keys as wgmma's rows, up to 16 query rows a
     /// CTA, the keys streamed by TMA through a ring of 8 KB chunks.
     DecodeNarrow,
+    /// Stage 1 on Hopper (sm_90a) for a cache in the model dtype: 64 heads of one query row
+    /// a CTA, two 64-key tiles a step, the two warpgroups taking turns between softmax and
+    /// products ("seesaw"), the keys by TMA chunk by chunk.
+    DecodeSeesaw,
     /// Stage 2: the merge of each row's splits.
     Combine,
     /// The work schedule of a scheduled decode (`MlaConfig::device_schedule`), from the
@@ -72,6 +76,7 @@ impl Family {
             Family::DecodeMma => "decode_mma/kernel.cu",
             Family::DecodeWgmma => "decode_wgmma/kernel.cu",
             Family::DecodeNarrow => "decode_narrow/kernel.cu",
+            Family::DecodeSeesaw => "decode_seesaw/kernel.cu",
             Family::Combine => "combine/kernel.cu",
             Family::Schedule => "schedule/kernel.cu",
         }
@@ -83,6 +88,7 @@ impl Family {
             Family::DecodeMma => include_str!("../../../kernels/decode_mma/kernel.cu"),
             Family::DecodeWgmma => include_str!("../../../kernels/decode_wgmma/kernel.cu"),
             Family::DecodeNarrow => include_str!("../../../kernels/decode_narrow/kernel.cu"),
+            Family::DecodeSeesaw => include_str!("../../../kernels/decode_seesaw/kernel.cu"),
             Family::Combine => include_str!("../../../kernels/combine/kernel.cu"),
             Family::Schedule => include_str!("../../../kernels/schedule/kernel.cu"),
         }
@@ -99,6 +105,7 @@ impl Family {
             Family::DecodeMma => "mla_decode_split",
             Family::DecodeWgmma => "mla_decode_wgmma",
             Family::DecodeNarrow => "mla_decode_narrow",
+            Family::DecodeSeesaw => "mla_decode_seesaw",
             Family::Combine => "mla_decode_combine",
             Family::Schedule => "mla_schedule",
         }
@@ -177,6 +184,8 @@ impl Variant {
                 format!("-DMLA_N={}", 16 * self.row_warps),
                 format!("-DMLA_SLOTS={}", self.stages),
             ]),
+            // A cache in the model dtype only (`seesaw_variant`).
+            Family::DecodeSeesaw => d.push(format!("-DMLA_R={}", self.rope_dim)),
             Family::Combine | Family::Schedule => {}
         }
         if self.scheduled {
@@ -202,7 +211,9 @@ impl Variant {
     pub fn tile_keys(&self) -> usize {
         match self.family {
             Family::DecodeMma => BLOCK_N,
-            Family::DecodeWgmma | Family::DecodeNarrow => splits::WGMMA_TILE_KEYS,
+            Family::DecodeWgmma | Family::DecodeNarrow | Family::DecodeSeesaw => {
+                splits::WGMMA_TILE_KEYS
+            }
             Family::Combine | Family::Schedule => 0,
         }
     }
@@ -236,14 +247,14 @@ impl Variant {
     /// Whether the kernel takes the cache's tensor map beside the parameters (it copies the
     /// keys by TMA).
     pub fn takes_tensor_map(&self) -> bool {
-        self.family == Family::DecodeNarrow
+        matches!(self.family, Family::DecodeNarrow | Family::DecodeSeesaw)
     }
 
     /// Threads per CTA.
     pub fn threads(&self) -> u32 {
         match self.family {
             Family::DecodeMma => 128 * self.row_warps as u32,
-            Family::DecodeWgmma => 256,
+            Family::DecodeWgmma | Family::DecodeSeesaw => 256,
             Family::DecodeNarrow => 384,
             Family::Combine => 32 * super::combine::WARPS as u32,
             Family::Schedule => 1024,
@@ -267,6 +278,15 @@ impl Variant {
                 // converted tile first).
                 let q = if self.fp8_query { t * d } else { tile };
                 return 1024 + q + 2 * stage + converted + t * t * 2 + 2 * t * 8 + 3 * t * 4;
+            }
+            Family::DecodeSeesaw => {
+                // 1024 bytes of alignment slack, q and two stages (64 x D each; P0 takes
+                // the first stage's rotary chunk), P1 (64 x 64), five rows of 64 floats (the
+                // running max, two rescales, two row sums), an mbarrier a chunk of each stage
+                // and one for each of the three hand-overs between the warpgroups.
+                let t = WGMMA_TILE;
+                let d = self.kv_lora_rank + self.rope_dim;
+                return 1024 + 3 * t * d * 2 + t * t * 2 + 5 * t * 4 + (2 * (d / 64) + 3) * 8;
             }
             Family::DecodeNarrow => {
                 // 1024 bytes of alignment slack, the ring of chunks (8 KB; fp8: 4 KB raw, and
@@ -333,15 +353,19 @@ pub enum KernelChoice {
     /// The narrow kernel wherever it can run (up to 16 rows a CTA, one token a request
     /// included), else as auto (for comparisons and tests).
     Narrow,
+    /// The seesaw kernel wherever it can run (every head count, one query token a CTA, pages
+    /// it tiles), else as auto (for comparisons and tests).
+    Seesaw,
 }
 
 impl KernelChoice {
-    /// From `MLA_KERNEL` (`mma`, `wgmma`, `narrow`; anything else or unset: auto).
+    /// From `MLA_KERNEL` (`mma`, `wgmma`, `narrow`, `seesaw`; anything else or unset: auto).
     pub fn from_env() -> KernelChoice {
         match std::env::var("MLA_KERNEL").as_deref() {
             Ok("mma") => KernelChoice::Mma,
             Ok("wgmma") => KernelChoice::Wgmma,
             Ok("narrow") => KernelChoice::Narrow,
+            Ok("seesaw") => KernelChoice::Seesaw,
             _ => KernelChoice::Auto,
         }
     }
@@ -447,6 +471,19 @@ pub fn narrow_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> 
     })
 }
 
+/// The seesaw variant, where it can run: an sm_90a device, a cache in the model dtype (no
+/// conversion: the keys land by TMA as the products read them), L = 512 and R = 64 (eight
+/// value chunks and one rotary chunk, whose q the threads keep in registers).
+pub fn seesaw_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> {
+    let v = shape.variant(Family::DecodeSeesaw, WGMMA_TILE / 16, 2);
+    let applies = v.kv == 0
+        && !shape.fp8_query
+        && shape.kv_lora_rank == 512
+        && shape.rope_dim == 64
+        && v.smem_bytes() <= smem_limit;
+    applies.then_some(v)
+}
+
 /// The stage-1 variant for a decoder. On sm_90a (`wgmma`), the wgmma kernel where it applies
 /// and `choice` and the head count call for it. Otherwise the mma kernel: the most row groups
 /// (up to 4, fewer for few heads) that fit the device's shared memory, then the ring of tiles
@@ -459,7 +496,9 @@ pub fn decode_variant(
     choice: KernelChoice,
 ) -> Option<Variant> {
     let wants_wgmma = match choice {
-        KernelChoice::Auto | KernelChoice::Narrow => heads >= WGMMA_MIN_HEADS,
+        KernelChoice::Auto | KernelChoice::Narrow | KernelChoice::Seesaw => {
+            heads >= WGMMA_MIN_HEADS
+        }
         KernelChoice::Wgmma => true,
         KernelChoice::Mma => false,
     };
@@ -516,6 +555,10 @@ pub struct Stage1 {
     pub narrow: Option<Variant>,
     /// Whether single-token decodes take the narrow kernel too (`MLA_KERNEL=narrow`).
     pub narrow_everywhere: bool,
+    /// The kernel of the decodes that take one query token a CTA (instead of `decode`), on
+    /// pages it tiles; none on a decoder that schedules on the device (it has no scheduled
+    /// variant).
+    pub seesaw: Option<Variant>,
 }
 
 impl Stage1 {
@@ -538,7 +581,7 @@ impl Stage1 {
         let narrow_everywhere = choice == KernelChoice::Narrow;
         let narrow_heads = match choice {
             KernelChoice::Narrow => splits::NARROW_ROWS,
-            KernelChoice::Auto => splits::NARROW_ROWS / 2,
+            KernelChoice::Auto | KernelChoice::Seesaw => splits::NARROW_ROWS / 2,
             KernelChoice::Mma | KernelChoice::Wgmma => 0,
         };
         // The narrow kernel rounds an fp8 cache's values to the model dtype: it has no
@@ -546,11 +589,16 @@ impl Stage1 {
         let narrow = (wgmma && heads <= narrow_heads && !shape.fp8_query)
             .then(|| narrow_variant(shape, smem_limit))
             .flatten();
+        // Not yet timed on a GPU: only where asked for (MLA_KERNEL=seesaw).
+        let seesaw = (wgmma && choice == KernelChoice::Seesaw)
+            .then(|| seesaw_variant(shape, smem_limit))
+            .flatten();
         Some(Stage1 {
             decode,
             packed,
             narrow,
             narrow_everywhere,
+            seesaw,
         })
     }
 
@@ -559,7 +607,8 @@ impl Stage1 {
     /// pack ([`splits::packing`]: the packed rows reach [`WGMMA_MIN_HEADS`], the rule that
     /// picks wgmma for single tokens), else the narrow kernel where two or more tokens fit
     /// it next to the heads and it tiles the pages ([`splits::narrow_tokens`]; with
-    /// `MLA_KERNEL=narrow`, single tokens too), else the decoder's own.
+    /// `MLA_KERNEL=narrow`, single tokens too), else the seesaw kernel where the decoder has
+    /// it and it tiles the pages, else the decoder's own.
     pub fn launch(&self, heads: usize, query_len: usize, page_size: usize) -> (Variant, usize) {
         if let (Some(w), Some(tokens)) = (self.packed, splits::packing(heads, query_len)) {
             return (w, tokens);
@@ -569,8 +618,10 @@ impl Stage1 {
         } else {
             splits::narrow_tokens(heads, query_len)
         };
-        match (self.narrow, tokens) {
-            (Some(n), Some(tokens)) if splits::narrow_pages(page_size) => (n, tokens),
+        let tiles = splits::narrow_pages(page_size);
+        match (self.narrow, tokens, self.seesaw) {
+            (Some(n), Some(tokens), _) if tiles => (n, tokens),
+            (_, _, Some(s)) if tiles => (s, 1),
             _ => (self.decode, 1),
         }
     }
@@ -580,6 +631,7 @@ impl Stage1 {
         std::iter::once(self.decode)
             .chain(self.packed)
             .chain(self.narrow)
+            .chain(self.seesaw)
     }
 }
 
@@ -619,8 +671,8 @@ pub fn smem_limit_of_arch(major: u32, minor: u32) -> usize {
 
 /// Every variant the DeepSeek shapes (L = 512, R = 64) can use on an architecture: both model
 /// dtypes, every cache format (fp8 with and without the fp8-query mode), every row-group
-/// count that fits, and on sm_90a (`wgmma`) the wgmma kernels (one token a CTA, and packed)
-/// and the narrow kernel. What CI compiles.
+/// count that fits, and on sm_90a (`wgmma`) the wgmma kernels (one token a CTA, and packed),
+/// the narrow kernel and the seesaw kernel. What CI compiles.
 pub fn all_variants(smem_limit: usize, wgmma: bool) -> Vec<Variant> {
     let mut out = Vec::new();
     for model in [ModelDtype::Bf16, ModelDtype::F16] {
@@ -665,6 +717,9 @@ pub fn all_variants(smem_limit: usize, wgmma: bool) -> Vec<Variant> {
                 && !shape.fp8_query
                 && let Some(v) = narrow_variant(shape, smem_limit)
             {
+                out.push(v);
+            }
+            if wgmma && let Some(v) = seesaw_variant(shape, smem_limit) {
                 out.push(v);
             }
         }
@@ -990,6 +1045,98 @@ mod tests {
                 .defines()
                 .contains(&"-DMLA_PACK=1".to_string())
         );
+    }
+
+    #[test]
+    fn the_seesaw_kernel_takes_single_tokens_where_asked_for_on_pages_it_tiles() {
+        use KernelChoice::{Auto, Mma, Seesaw, Wgmma};
+        let choose = |heads, kv, wgmma, choice| {
+            Stage1::choose(heads, bf16(kv), 232_448, wgmma, choice).unwrap()
+        };
+        let (s, w, n) = (
+            Family::DecodeSeesaw,
+            Family::DecodeWgmma,
+            Family::DecodeNarrow,
+        );
+        // MLA_KERNEL=seesaw: every head count's single tokens, and multi-token rows that
+        // neither pack into the wgmma tile nor take the narrow kernel, one token a CTA.
+        for (heads, q, want) in [
+            (128, 1, (s, 1)),
+            (128, 4, (s, 1)),
+            (64, 1, (s, 1)),
+            (17, 1, (s, 1)),
+            (16, 1, (s, 1)),
+            (1, 1, (s, 1)),
+            (16, 4, (w, 4)), // packed: one read of the keys for 4 tokens
+            (8, 2, (n, 2)),  // the narrow kernel's 16 rows
+        ] {
+            let (v, t) = choose(heads, KvFormat::Bf16, true, Seesaw).launch(heads, q, 64);
+            assert_eq!((v.family, t), want, "{heads} heads x {q}");
+        }
+        // Pages it does not tile take the decoder's own kernel.
+        for (page, want) in [
+            (8, s),
+            (16, s),
+            (32, s),
+            (64, s),
+            (192, s),
+            (48, w),
+            (12, w),
+            (1, w),
+        ] {
+            let (v, _) = choose(128, KvFormat::Bf16, true, Seesaw).launch(128, 1, page);
+            assert_eq!(v.family, want, "page {page}");
+        }
+        // Only where asked for (not yet timed on a GPU), only on Hopper, only for a cache in
+        // the model dtype (the keys land as the products read them).
+        for (kv, hopper, choice) in [
+            (KvFormat::Bf16, true, Auto),
+            (KvFormat::Bf16, true, Wgmma),
+            (KvFormat::Bf16, true, Mma),
+            (KvFormat::Bf16, false, Seesaw),
+            (KvFormat::F16, true, Seesaw),
+            (KvFormat::Fp8E4m3, true, Seesaw),
+        ] {
+            let stage1 = choose(128, kv, hopper, choice);
+            assert_eq!(stage1.seesaw, None, "{kv:?} {hopper} {choice:?}");
+            assert_ne!(stage1.launch(128, 1, 64).0.family, s);
+        }
+        let v = choose(128, KvFormat::Bf16, true, Seesaw).seesaw.unwrap();
+        assert!(
+            choose(128, KvFormat::Bf16, true, Seesaw)
+                .variants()
+                .any(|x| x == v)
+        );
+        assert_eq!(
+            (
+                v.threads(),
+                v.heads_per_cta(128),
+                v.tile_keys(),
+                v.ctas_per_sm()
+            ),
+            (256, 64, 64, 1)
+        );
+        assert!(v.takes_tensor_map() && !v.schedulable());
+        // 1 KB slack, q and two stages of 64 x 576, P1 (64 x 64), five rows of 64 floats,
+        // 21 mbarriers: within the 227 KB a block may take on sm_90a.
+        assert_eq!(v.smem_bytes(), 1024 + 3 * 73_728 + 8_192 + 1_280 + 168);
+        assert!(v.smem_bytes() <= 232_448);
+        assert!(seesaw_variant(bf16(KvFormat::Bf16), 200_000).is_none());
+        let other_rope = KernelShape {
+            rope_dim: 128,
+            ..bf16(KvFormat::Bf16)
+        };
+        assert!(seesaw_variant(other_rope, 232_448).is_none());
+        let f16 = KernelShape::deepseek(ModelDtype::F16, KvFormat::F16);
+        assert!(seesaw_variant(f16, 232_448).is_some_and(|v| !v.bf16));
+        // What CI compiles: both model dtypes' seesaw kernels on sm_90a, none before it.
+        let count = |wgmma| {
+            all_variants(232_448, wgmma)
+                .iter()
+                .filter(|v| v.family == s)
+                .count()
+        };
+        assert_eq!((count(true), count(false)), (2, 0));
     }
 
     #[test]

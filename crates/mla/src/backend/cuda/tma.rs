@@ -1,4 +1,4 @@
-//! The cache as the TMA unit reads it (the narrow kernel's copies): the tensor map's
+//! The cache as the TMA unit reads it (the narrow and seesaw kernels' copies): the tensor map's
 //! description, and the last map encoded, which `forward` reuses while the cache stays put.
 
 use super::ffi;

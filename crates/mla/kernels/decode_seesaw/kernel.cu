@@ -1,0 +1,492 @@
+/**
+ * @file decode_seesaw/kernel.cu
+ * @brief Stage 1 of the split-KV decode on Hopper (sm_90a) for a cache in the model dtype:
+ * one CTA attends the 64 heads of one query row to the keys of one split, two 64-key tiles a
+ * step, its two warpgroups taking turns ("seesaw") so that one's softmax runs while the
+ * other's products keep the tensor cores busy, the keys streamed by TMA chunk by chunk.
+ *
+ * Outputs, grid and workspace are decode_wgmma's unpacked ones (grid x = row * head_blocks +
+ * head_block, y = split), so the plan, the workspace and the combine are shared. NOTES.md
+ * beside this file has the design and the measurements.
+ *
+ * The 64 x L f32 output takes half the register file, so it is split by columns: warpgroup w
+ * holds O's columns 256 w .. 256 w + 255 (O_w, 128 registers a thread). A step takes tiles
+ * t0 (stage K0) and t1 = t0 + 1 (stage K1); S_i = Q K_i^T, P_i = 2^(S_i scale - m), V_i =
+ * the first L columns of K_i, V_iw its columns of warpgroup w.
+ *   warpgroup 0: S0 (computed the step before) -> m0 = max(m, rowmax S0), O_0 *= 2^(m - m0),
+ *                P0 to shared memory -> hand-over 1 -> O_0 += P0 V00 -> K0's first half is
+ *                read: its copies of tile t0 + 2 -> hand-over 2 -> P0 *= 2^(m0 - m1) where
+ *                a row's max moved -> hand-over 3 -> O_0 *= 2^(m0 - m1), O_0 += P1 V10 ->
+ *                K1's first half is read: its copies of tile t1 + 2 -> S0 of tile t0 + 2,
+ *                chunk by chunk as it lands.
+ *   warpgroup 1: hand-over 1 -> m1 = max(m0, rowmax S1), P1 to shared memory -> hand-over 2
+ *                -> O_1 *= 2^(m - m1), O_1 += P1 V11 -> hand-over 3 -> O_1 += P0 V01 -> K1's
+ *                second half and rotary chunk, then K0's second half and rotary chunk (P0's
+ *                place) are read: their copies -> S1 of tile t1 + 2.
+ * The hand-overs are mbarriers of 128 arrivals (the producing warpgroup's threads): 1 carries
+ * m0 and 2^(m - m0), 2 m1, 2^(m0 - m1) and P1, 3 the rescaled P0. Both warpgroups' outputs
+ * and row sums are relative to the same running max (in shared memory), so at the end the
+ * two sums add and each warpgroup writes its columns. P is rounded at its own tile's running
+ * max (P0 again where warpgroup 1's tile moved a row's max); the row sums keep the unrounded
+ * values.
+ *
+ * Shared memory: q (64 x D) and two key stages (64 x D each), in wgmma's 128-byte swizzle,
+ * as the TMA unit lands 64-column chunks of 8 KB, and P1 (64 x 64); P0 takes the place of
+ * K0's rotary chunk, which only the scores read (a tile of its own would not fit in the 227
+ * KB a CTA may take). An mbarrier per chunk and stage: the scores start on each chunk as it
+ * lands, and each chunk is copied again as soon as its last reader is done. Tiles start at
+ * multiples of 64 keys (a split's first tile may begin before its keys), so a tile never
+ * straddles a page of 64 keys or more and pages of 8, 16 or 32 keys fill it whole; keys of a
+ * tile outside the split are masked in the scores and zeroed in the value chunks before P V
+ * (P is 0 there, and 0 x garbage must not be NaN). Pages past the block table or with a bad
+ * block id are never read (block coordinate -1, which the TMA unit fills with zeros; a bad id
+ * raises the error flag).
+ *
+ * Registers are what the design is held to: the outputs take 128 a thread, a tile's scores
+ * 32. Shared memory is reached through 32-bit addresses from a base made opaque every step
+ * (else the compiler keeps dozens of 64-bit addresses live across the loop and spills).
+ *
+ * Compile-time configuration (-D):
+ *   MLA_L, MLA_R  latent and rotary widths (L = 512, R = 64: 8 value chunks and one rotary)
+ *   MLA_BF16      1: the model dtype (q, cache, P, o) is bf16, 0: f16
+ * Kernel-development switch (MLA_EXTRA_DEFINES, never in a shipped build): MLA_EXP_SAME_TILES
+ * copies the split's first two tiles again every step (from L2: what DRAM's latency costs).
+ */
+#include "common/keys.cuh"
+#include "common/ptx.cuh"
+#include "common/rows.cuh"
+#include "common/schedule.cuh"
+#include "common/tma.cuh"
+#include "common/wgmma.cuh"
+#include "params.cuh"
+
+namespace {
+
+constexpr bool BF16 = MLA_BF16 != 0;
+constexpr int L = MLA_L;
+constexpr int D = L + MLA_R;
+constexpr int M = 64;                    // rows (heads of one query row) a CTA: wgmma's M
+constexpr int BN = TMA_TILE;             // keys a tile
+constexpr int THREADS = 256;             // two warpgroups
+constexpr int CHUNKS = D / 64;           // 64-column chunks of a key row
+constexpr int ROTARY = CHUNKS - 1;       // the rotary chunk, then P's place
+constexpr int HALF = L / 128;            // value chunks a warpgroup multiplies by P
+constexpr int COLS = L / 2;              // output columns a warpgroup holds
+constexpr int CHUNK_BYTES = BN * 128;    // a chunk of a tile (or of q, or P), swizzled
+constexpr int TILE_BYTES = CHUNKS * CHUNK_BYTES;
+constexpr int STAT_BYTES = 5 * M * 4;    // running max, the two rescales, the two row sums
+constexpr int BAR_BYTES = (2 * CHUNKS + 3) * 8;  // a chunk's of each stage, three hand-overs
+constexpr int ALIGN = 1024;
+constexpr float LN2 = 0.69314718055994530942f;
+
+static_assert(L == 512 && D == L + 64, "L = 512 and one rotary chunk (R = 64)");
+static_assert(CHUNKS == 2 * HALF + 1, "value chunks split between the warpgroups, then the rotary one");
+
+/// The CTA's shared memory as 32-bit shared addresses.
+struct Smem {
+    u32 base;  // 1024-byte aligned
+    __device__ u32 q() const { return base; }
+    __device__ u32 k(int st) const { return base + (1 + st) * TILE_BYTES; }
+    /// P of tile t0 where its rotary chunk was, and of tile t1 (a tile of its own).
+    __device__ u32 p(int st) const { return st == 0 ? k(0) + ROTARY * CHUNK_BYTES : base + 3 * TILE_BYTES; }
+    __device__ u32 max(int r) const { return base + 3 * TILE_BYTES + CHUNK_BYTES + 4 * r; }  // base 2, scaled
+    __device__ u32 scale0(int r) const { return max(M + r); }                 // 2^(m - m0)
+    __device__ u32 scale1(int r) const { return max(2 * M + r); }             // 2^(m0 - m1)
+    __device__ u32 sums(int wg, int r) const { return max((3 + wg) * M + r); }
+    __device__ u32 bar(int st, int c) const { return max(5 * M) + 8 * (st * CHUNKS + c); }
+    /// Hand-over k's mbarrier (1, 2, 3: see the file's note), 128 arrivals a phase.
+    __device__ u32 hand(int k) const { return bar(2, k - 1); }
+    /// The same addresses, computed afresh where they are used (see the file's note).
+    __device__ Smem fresh() const { return Smem{opaque_u32(base)}; }
+};
+
+}  // namespace
+
+/// Shared memory the kernel needs (the host checks it against its own count).
+extern "C" __constant__ int mla_decode_smem_bytes = ALIGN + 3 * TILE_BYTES + CHUNK_BYTES + STAT_BYTES + BAR_BYTES;
+
+namespace {
+
+/// Where pair i (0 .. 3) of k-step kk of this thread's A fragment of P lies in a 64 x 64
+/// swizzled tile: rows r0 (i even) and r0 + 8 (i odd), keys 16 kk + 8 (i / 2) + 2 (lane % 4)
+/// and the next; both rows share the swizzle (r % 8).
+__device__ __forceinline__ u32 fragment_at(int r0, int lane, int kk, int i) {
+    const int group = 2 * kk + i / 2;
+    return (r0 + (i % 2) * 8) * 128 + ((group ^ (r0 % 8)) * 16) + (lane % 4) * 4;
+}
+
+/// q of the CTA's 64 heads (padding heads zero), swizzled, by every thread (cp.async, one
+/// commit group).
+__device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, int row, int head0) {
+    constexpr int PIECES = D / 8;
+    for (int c = threadIdx.x; c < M * PIECES; c += THREADS) {
+        const int r = c / PIECES, k = c % PIECES;
+        const bool valid = head0 + r < p.heads;
+        const u16* src = q_piece<L>(p, row, head0 + r, k);
+        cp_async16(sm.q() + swizzled<M>(r, k), valid ? (const void*)src : p.q_nope, valid);
+    }
+    cp_async_commit();
+}
+
+/// This lane's block-table entry for box `lane` of the tile from `first` (box_entry's rule;
+/// 0 where there is none), read now and issued later.
+__device__ __forceinline__ int read_entry(const DecodeParams& p, int req, int first, const KeyRange& keys,
+                                          int lane) {
+    i64 i;
+    return box_entry(p, req, first, TileBoxes(p.page_size), keys, lane, i) ? p.block_table[i] : 0;
+}
+
+/// The copies of chunks [C0, C1), and the rotary chunk with ROT, of the tile from `first`
+/// into stage `st`, each completing on its chunk's mbarrier, which lane 0 arms with the
+/// chunk's bytes. The whole warp calls it; lane b (`entry`: read_entry's) copies box b of
+/// each chunk, so that no lane gathers the tile's block ids (registers the kernel lacks).
+template <int C0, int C1, bool ROT>
+__device__ __forceinline__ void issue(const TmaParams& tp, const Smem& sm, int st, int req, int first,
+                                      const KeyRange& keys, int entry, int lane) {
+    const DecodeParams& p = tp.d;
+    const TileBoxes boxes(p.page_size);
+    i64 i;
+    // Block -1 (no entry, or a bad one, which raises the flag): the TMA unit writes zeros.
+    const int block = box_entry(p, req, first, boxes, keys, lane, i) && !bad_block(p, entry) ? entry : -1;
+    const int slot = boxes.count == 1 ? first % p.page_size : 0;
+    if (lane == 0) {
+#pragma unroll
+        for (int c = C0; c < C1 + (ROT ? 1 : 0); ++c) mbar_expect_bytes(sm.bar(st, c < C1 ? c : ROTARY), CHUNK_BYTES);
+    }
+    __syncwarp();
+    if (lane < boxes.count) {
+#pragma unroll
+        for (int c = C0; c < C1 + (ROT ? 1 : 0); ++c) {
+            const int chunk = c < C1 ? c : ROTARY;
+            tma_load_3d(sm.k(st) + chunk * CHUNK_BYTES + lane * boxes.box * 128, &tp.kv_map, sm.bar(st, chunk),
+                        chunk * 64, slot, block);
+        }
+    }
+}
+
+/// S = Q K^T over the chunks of stage `st`, each as its copies land (`parity`: the stage's
+/// use count % 2), in one commit group.
+__device__ __forceinline__ void scores(float (&s)[32], const Smem& sm, int st, u32 parity) {
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+        mbar_wait(sm.bar(st, c), parity);
+        // After the (divergent) wait, a fence of our own: else ptxas inserts one where it
+        // serializes every wgmma.
+        wgmma_fence();
+        const u64 qd = opaque(smem_desc(sm.q() + c * CHUNK_BYTES, 16, 1024));
+        const u64 kd = opaque(smem_desc(sm.k(st) + c * CHUNK_BYTES, 16, 1024));
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            wgmma_m64n64k16_ss<BF16>(s, desc_at(qd, 32 * kk), desc_at(kd, 32 * kk), c > 0 || kk > 0);
+        }
+    }
+    wgmma_commit();
+}
+
+/// O += P V over the HALF value chunks at `v` (this warpgroup's half of a stage), P from the
+/// swizzled 64 x 64 tile at `p`, in one commit group.
+__device__ __forceinline__ void pv(float (&o)[COLS / 2], u32 p, u32 v) {
+    const u64 pd = opaque(smem_desc(p, 16, 1024)), vd = opaque(smem_desc(v, CHUNK_BYTES, 1024));
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+        wgmma_m64n256k16_ss<BF16>(o, desc_at(pd, 32 * kk), desc_at(vd, kk * 2048), 1);
+    }
+    wgmma_commit();
+}
+
+/// Whether this thread's score s[i] of the tile from `first` is one of `keys` (always, for a
+/// tile inside them). s[4 j + e]: row r0 + 8 (e / 2), key 8 j + 2 (lane % 4) + e % 2.
+__device__ __forceinline__ bool seen(int i, int first, bool inside, const KeyRange& keys, int lane) {
+    const int pos = first + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
+    return inside || (pos >= keys.start && pos < keys.end);
+}
+
+/// This thread's two rows' maxima of the raw scores of the tile from `first` over the keys
+/// it sees (over the quad). The scores are only read: warpgroup 1 computes this while a wgmma
+/// of its is in flight, and a write to an accumulator register then would make ptxas
+/// serialize the wgmma (its C7515).
+__device__ __forceinline__ void tile_max(const float (&s)[32], float (&mx)[2], int first, bool inside,
+                                         const KeyRange& keys, int lane) {
+    mx[0] = mx[1] = bits_to_float(0xff800000u);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+        if (seen(i, first, inside, keys, lane)) mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], s[i]);
+    }
+    mx[0] = quad_max(mx[0]);
+    mx[1] = quad_max(mx[1]);
+}
+
+/// The running max after a tile whose scores' row maxima are `mx` (m_new = max(m, mx scale),
+/// the scale positive), and the factor 2^(m - m_new) that rescales what was relative to m:
+/// exactly 1 when the max did not move (the rescale is then skipped).
+__device__ __forceinline__ float move_max(float m, float mx, float sc, float& factor) {
+    const float m_new = fmaxf(m, mx * sc);
+    factor = m_new == m ? 1.0f : exp2_approx(m - m_new);
+    return m_new;
+}
+
+/// P = 2^(s scale - m) of this thread's scores (0 for keys it does not see), rounded to the
+/// model dtype into the swizzled 64 x 64 tile at `tile` (where both warpgroups' wgmma read
+/// it), the unrounded values added to the row sums `l`. Every row's m is finite: each tile
+/// holds a key of the split.
+__device__ __forceinline__ void exponentiate(const float (&s)[32], float sc, const float (&m)[2], float (&l)[2],
+                                             u32 tile, int first, bool inside, const KeyRange& keys, int r0,
+                                             int lane) {
+    const auto p_of = [&](int j, int h) {
+        return seen(j, first, inside, keys, lane) ? exp2_approx(fmaf(s[j], sc, -m[h])) : 0.0f;
+    };
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int h = i % 2;
+            const float p0 = p_of(8 * kk + 2 * i, h);
+            const float p1 = p_of(8 * kk + 2 * i + 1, h);
+            l[h] += p0 + p1;
+            st_shared_u32(tile + fragment_at(r0, lane, kk, i), pack2<BF16>(p0, p1));
+        }
+    }
+}
+
+/// This thread's pairs of P in the tile at `tile` (exponentiate's) times a (row r0) and b (row
+/// r0 + 8), rounded again.
+__device__ __forceinline__ void rescale_p(u32 tile, float a, float b, int r0, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 at = tile + fragment_at(r0, lane, kk, i), v = ld_shared_u32(at);
+            const float f = i % 2 == 0 ? a : b;
+            st_shared_u32(at, pack2<BF16>(half_to_float<BF16>(v & 0xffffu) * f, half_to_float<BF16>(v >> 16) * f));
+        }
+    }
+}
+
+/// O *= a (row r0) and b (row r0 + 8), unless both are 1 across the warp.
+__device__ __forceinline__ void rescale(float (&o)[COLS / 2], float a, float b) {
+    if (__any_sync(0xffffffffu, a != 1.0f || b != 1.0f)) {
+#pragma unroll
+        for (int i = 0; i < COLS / 2; ++i) o[i] *= (i % 4) < 2 ? a : b;
+    }
+}
+
+/// The keys of the tile from `first` outside `keys`: their rows of value chunks c0 .. c0 +
+/// HALF of the stage at `tile` zeroed, by the 128 threads of a warpgroup (`wt`: this one's
+/// index), fenced for wgmma; the caller's barrier publishes them.
+__device__ __forceinline__ void zero_outside(u32 tile, int c0, int first, const KeyRange& keys, int wt) {
+    for (int i = wt; i < BN * HALF * 8; i += 128) {
+        const int key = i / (HALF * 8), c = c0 + (i / 8) % HALF;
+        const int pos = first + key;
+        if (pos >= keys.start && pos < keys.end) continue;
+        st_shared_u32x4(tile + c * CHUNK_BYTES + key * 128 + (i % 8) * 16, u32x4{0u, 0u, 0u, 0u});
+    }
+    fence_proxy_async();
+}
+
+}  // namespace
+
+// One CTA per SM: the outputs take 128 registers a thread and the tiles 216 KB.
+extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const __grid_constant__ TmaParams tp) {
+    const DecodeParams& p = tp.d;
+    allow_dependent_launch();  // the combine may start launching (it waits for our writes)
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const Smem sm0{(smem_addr(smem_raw) + ALIGN - 1) & ~(u32)(ALIGN - 1)};
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = warp / 4, wt = tid % 128;
+    const int r0 = 16 * (warp % 4) + lane / 4;  // this thread's rows: r0 and r0 + 8
+    const bool issuer = warp % 4 == 0;          // the warp of its warpgroup that issues copies
+    const Piece pc = grid_piece(p);
+    const int head_blocks = (p.heads + M - 1) / M;
+    const int row = pc.job / head_blocks, head0 = (pc.job % head_blocks) * M;
+    const int req = row / p.query_len;
+    const int len = request_len(p, req, tid == 0 && pc.split == 0);
+    const KeyRange keys = piece_keys(token_keys(p, len, row - req * p.query_len), pc);
+    if (keys.start >= keys.end) {
+        if (pc.splits == 1) write_empty<M, THREADS, L>(p, row, head0);
+        return;
+    }
+    const int first0 = keys.start - keys.start % BN;
+    const int tiles = (keys.end - first0 + BN - 1) / BN;
+
+    // q, the mbarriers, then the first two tiles' copies while q lands.
+    load_q(p, sm0, row, head0);
+    if (tid == 0) {
+        for (int st = 0; st < 2; ++st) {
+            for (int c = 0; c < CHUNKS; ++c) mbar_init(sm0.bar(st, c), 1);
+        }
+        for (int k = 1; k <= 3; ++k) mbar_init(sm0.hand(k), 128);
+        mbar_fence_init();
+    }
+    __syncthreads();
+    if (warp == 0) {
+        for (int t = 0; t < 2 && t < tiles; ++t) {
+            const int entry = read_entry(p, req, first0 + t * BN, keys, lane);
+            issue<0, CHUNKS, false>(tp, sm0, t, req, first0 + t * BN, keys, entry, lane);
+        }
+    }
+    cp_async_wait_group<0>();
+    fence_proxy_async();  // q's copies, for wgmma
+    if (wg == 0 && lane % 4 == 0) {
+        st_shared_f32(sm0.max(r0), bits_to_float(0xff800000u));
+        st_shared_f32(sm0.max(r0 + 8), bits_to_float(0xff800000u));
+    }
+    __syncthreads();
+
+    const float sc = p.scale_log2;
+    float o[COLS / 2];  // this warpgroup's 64 x 256 outputs, relative to the running max
+#pragma unroll
+    for (int i = 0; i < COLS / 2; ++i) o[i] = 0.0f;
+    float l[2] = {0.0f, 0.0f};  // this warpgroup's share of the row sums (its tiles' P)
+    float s[32];                // the scores of this warpgroup's tile of the step
+    // Each warpgroup's first scores: tile 0 (warpgroup 0), tile 1 (warpgroup 1).
+    if (wg == 0 || tiles > 1) {
+        scores(s, sm0, wg, 0);
+        wgmma_wait<0>();
+    }
+    int entry[2] = {0, 0};  // the issuing warps' table entries of tiles t0 + 2 and t0 + 3
+
+    for (int t0 = 0, step = 0; t0 < tiles; t0 += 2, ++step) {
+        const Smem sm = sm0.fresh();
+        const bool has1 = t0 + 1 < tiles, more0 = t0 + 2 < tiles, more1 = t0 + 3 < tiles;
+        const int first = first0 + t0 * BN;  // tile t0's first key; tile t1's is first + BN
+        const bool in0 = first >= keys.start && first + BN <= keys.end;
+        const bool in1 = first + 2 * BN <= keys.end;  // tile t1 starts inside the keys
+        const u32 parity = step & 1;                 // of this step's hand-overs
+#ifdef MLA_EXP_SAME_TILES
+        // Kernel development (results wrong): every step copies tiles 0 and 1 again, from L2.
+        const int next0 = first0, next1 = first0 + BN;
+#else
+        const int next0 = first + 2 * BN, next1 = first + 3 * BN;  // tiles t0 + 2, t1 + 2
+#endif
+        if (issuer) {
+            if (more0) entry[0] = read_entry(p, req, next0, keys, lane);
+            if (more1) entry[1] = read_entry(p, req, next1, keys, lane);
+        }
+        if (wg == 0) {
+            float mx[2], m[2], a[2];
+            tile_max(s, mx, first, in0, keys, lane);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) m[h] = move_max(ld_shared_f32(sm.max(r0 + 8 * h)), mx[h], sc, a[h]);
+            __syncwarp();  // the quad read the max before its lane 0 writes it
+            if (lane % 4 == 0) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    st_shared_f32(sm.max(r0 + 8 * h), m[h]);
+                    st_shared_f32(sm.scale0(r0 + 8 * h), a[h]);
+                }
+            }
+            rescale(o, a[0], a[1]);
+            l[0] *= a[0];
+            l[1] *= a[1];
+            exponentiate(s, sc, m, l, sm.p(0), first, in0, keys, r0, lane);
+            if (!in0) zero_outside(sm.k(0), 0, first, keys, wt);
+            fence_proxy_async();  // P0 (and the zeros) for the wgmma
+            mbar_arrive(sm.hand(1));  // m0, 2^(m - m0)
+            named_barrier(1, 128);    // P0 and this warpgroup's zeros, for its own products
+            pv(o, sm.p(0), sm.k(0));
+            wgmma_wait<0>();
+            // K0's first half is read (S0, P0 V00): tile t0 + 2's copies.
+            if (issuer && more0) issue<0, HALF, false>(tp, sm, 0, req, next0, keys, entry[0], lane);
+            if (has1) {
+                mbar_wait(sm.hand(2), parity);  // m1, 2^(m0 - m1), P1
+                const float b0 = ld_shared_f32(sm.scale1(r0)), b1 = ld_shared_f32(sm.scale1(r0 + 8));
+                // P0 relative to m1 for warpgroup 1's product (this one's is done).
+                if (b0 != 1.0f || b1 != 1.0f) {
+                    rescale_p(sm.p(0), b0, b1, r0, lane);
+                    fence_proxy_async();
+                }
+                mbar_arrive(sm.hand(3));  // P0, final
+                rescale(o, b0, b1);
+                l[0] *= b0;
+                l[1] *= b1;
+                if (!in1) {
+                    zero_outside(sm.k(1), 0, first + BN, keys, wt);
+                    named_barrier(1, 128);
+                }
+                pv(o, sm.p(1), sm.k(1));
+                wgmma_wait<0>();
+                // K1's first half is read (S1, P1 V10): tile t1 + 2's copies.
+                if (issuer && more1) issue<0, HALF, false>(tp, sm, 1, req, next1, keys, entry[1], lane);
+                if (more0) {
+                    scores(s, sm, 0, parity ^ 1);
+                    wgmma_wait<0>();
+                }
+            }
+        } else {
+            mbar_wait(sm.hand(1), parity);
+            float m[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) m[h] = ld_shared_f32(sm.max(r0 + 8 * h));
+            float a[2] = {ld_shared_f32(sm.scale0(r0)), ld_shared_f32(sm.scale0(r0 + 8))};
+            if (has1) {
+                // The softmax of tile t1, relative to m1 = max(m0, its scores), then O_1 += P1 V11.
+                float mx[2], b[2];
+                tile_max(s, mx, first + BN, in1, keys, lane);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) m[h] = move_max(m[h], mx[h], sc, b[h]);
+                __syncwarp();  // the quad read the max before its lane 0 writes it
+                if (lane % 4 == 0) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        st_shared_f32(sm.max(r0 + 8 * h), m[h]);
+                        st_shared_f32(sm.scale1(r0 + 8 * h), b[h]);
+                    }
+                }
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    a[h] *= b[h];
+                    l[h] *= a[h];
+                }
+                exponentiate(s, sc, m, l, sm.p(1), first + BN, in1, keys, r0, lane);
+                if (!in1) zero_outside(sm.k(1), HALF, first + BN, keys, wt);
+                fence_proxy_async();      // P1 (and the zeros) for the wgmma
+                mbar_arrive(sm.hand(2));  // m1, 2^(m0 - m1), P1
+                rescale(o, a[0], a[1]);
+                named_barrier(2, 128);  // P1 and this warpgroup's zeros, for its own products
+                pv(o, sm.p(1), sm.k(1) + HALF * CHUNK_BYTES);
+                mbar_wait(sm.hand(3), parity);  // P0, relative to m1
+            } else {
+                rescale(o, a[0], a[1]);
+                l[0] *= a[0];
+                l[1] *= a[1];
+            }
+            if (!in0) {
+                zero_outside(sm.k(0), HALF, first, keys, wt);
+                named_barrier(2, 128);
+            }
+            pv(o, sm.p(0), sm.k(0) + HALF * CHUNK_BYTES);
+            if (has1) {
+                wgmma_wait<1>();
+                // K1's second half and rotary chunk are read (S1, P1 V11): tile t1 + 2's copies.
+                if (issuer && more1) issue<HALF, 2 * HALF, true>(tp, sm, 1, req, next1, keys, entry[1], lane);
+            }
+            wgmma_wait<0>();
+            // K0's second half and P0 (in its rotary chunk) are read: tile t0 + 2's copies.
+            if (issuer && more0) issue<HALF, 2 * HALF, true>(tp, sm, 0, req, next0, keys, entry[0], lane);
+            if (more1) {
+                scores(s, sm, 1, parity ^ 1);
+                wgmma_wait<0>();
+            }
+        }
+    }
+
+    // Both warpgroups' outputs and sums are relative to the last running max: the sums add.
+    const Smem sm = sm0.fresh();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l[h] = quad_sum(l[h]);
+        if (lane % 4 == 0) st_shared_f32(sm.sums(wg, r0 + 8 * h), l[h]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = r0 + 8 * h, head = head0 + r;
+        if (head >= p.heads) continue;
+        const float sum = ld_shared_f32(sm.sums(0, r)) + ld_shared_f32(sm.sums(1, r));
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const i64 at = grid_at(p, row, head);
+        store_pairs<BF16, L, COLS / 8, 8>(p, at, row, head, wg * COLS + 2 * (lane % 4),
+                                          [&](int j, int e) { return o[4 * j + 2 * h + e] * inv; });
+        if (wg == 0 && lane % 4 == 0) store_lse(p, at, row, head, (ld_shared_f32(sm.max(r)) + log2_approx(sum)) * LN2);
+    }
+}
