@@ -75,7 +75,7 @@ constexpr int COLS = L / 2;              // output columns a warpgroup holds
 constexpr int CHUNK_BYTES = BN * 128;    // a chunk of a tile (or of q, or P), swizzled
 constexpr int TILE_BYTES = CHUNKS * CHUNK_BYTES;
 constexpr int STAT_BYTES = 5 * M * 4;    // running max, the two rescales, the two row sums
-constexpr int BAR_BYTES = (2 * CHUNKS + 3) * 8;  // a chunk's of each stage, three hand-overs
+constexpr int BAR_BYTES = (2 * CHUNKS + 4) * 8;  // a chunk's of each stage, the hand-overs
 constexpr int ALIGN = 1024;
 constexpr float LN2 = 0.69314718055994530942f;
 
@@ -94,7 +94,8 @@ struct Smem {
     __device__ u32 scale1(int r) const { return max(2 * M + r); }             // 2^(m0 - m1)
     __device__ u32 sums(int wg, int r) const { return max((3 + wg) * M + r); }
     __device__ u32 bar(int st, int c) const { return max(5 * M) + 8 * (st * CHUNKS + c); }
-    /// Hand-over k's mbarrier (1, 2, 3: see the file's note), 128 arrivals a phase.
+    /// Hand-over k's mbarrier (1, 2, 3: see the file's note; 128 arrivals a phase), and 4: the
+    /// row sums' exchange at the end (256 arrivals).
     __device__ u32 hand(int k) const { return bar(2, k - 1); }
     /// The same addresses, computed afresh where they are used (see the file's note).
     __device__ Smem fresh() const { return Smem{opaque_u32(base)}; }
@@ -195,46 +196,86 @@ __device__ __forceinline__ void pv(float (&o)[COLS / 2], u32 p, u32 v) {
     wgmma_commit();
 }
 
-/// Whether this thread's score s[i] of the tile from `first` is one of `keys` (always, for a
-/// tile inside them). s[4 j + e]: row r0 + 8 (e / 2), key 8 j + 2 (lane % 4) + e % 2.
-__device__ __forceinline__ bool seen(int i, int first, bool inside, const KeyRange& keys, int lane) {
+/// Whether this thread's score s[i] of the tile from `first` is one of `keys` (always, unless
+/// MASKED: a split's first or last tile). s[4 j + e]: row r0 + 8 (e / 2), key 8 j + 2 (lane %
+/// 4) + e % 2.
+template <bool MASKED>
+__device__ __forceinline__ bool seen(int i, int first, const KeyRange& keys, int lane) {
     const int pos = first + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
-    return inside || (pos >= keys.start && pos < keys.end);
+    return !MASKED || (pos >= keys.start && pos < keys.end);
 }
 
 /// This thread's two rows' maxima of the raw scores of the tile from `first` over the keys
 /// it sees (over the quad). The scores are only read: warpgroup 1 computes this while a wgmma
 /// of its is in flight, and a write to an accumulator register then would make ptxas
 /// serialize the wgmma (its C7515).
-__device__ __forceinline__ void tile_max(const float (&s)[32], float (&mx)[2], int first, bool inside,
-                                         const KeyRange& keys, int lane) {
-    mx[0] = mx[1] = bits_to_float(0xff800000u);
+template <bool MASKED>
+__device__ __forceinline__ void tile_max_of(const float (&s)[32], float (&mx)[2], int first, const KeyRange& keys,
+                                            int lane) {
+    // Two chains a row, so that 16 dependent maxima are 8.
+    float c[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) c[j] = bits_to_float(0xff800000u);
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
-        if (seen(i, first, inside, keys, lane)) mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], s[i]);
+        if (seen<MASKED>(i, first, keys, lane)) c[i % 4] = fmaxf(c[i % 4], s[i]);
     }
-    mx[0] = quad_max(mx[0]);
-    mx[1] = quad_max(mx[1]);
+    mx[0] = quad_max(fmaxf(c[0], c[1]));
+    mx[1] = quad_max(fmaxf(c[2], c[3]));
 }
 
-/// The running max after a tile whose scores' row maxima are `mx` (m_new = max(m, mx scale),
-/// the scale positive), and the factor 2^(m - m_new) that rescales what was relative to m:
-/// exactly 1 when the max did not move (the rescale is then skipped).
-__device__ __forceinline__ float move_max(float m, float mx, float sc, float& factor) {
-    const float m_new = fmaxf(m, mx * sc);
-    factor = m_new == m ? 1.0f : exp2_approx(m - m_new);
-    return m_new;
+/// tile_max_of, the masks only where the tile is not `inside` the keys (a uniform branch: the
+/// masks' compares and selects cost a softmax more than its arithmetic).
+__device__ __forceinline__ void tile_max(const float (&s)[32], float (&mx)[2], int first, bool inside,
+                                         const KeyRange& keys, int lane) {
+    if (inside) {
+        tile_max_of<false>(s, mx, first, keys, lane);
+    } else {
+        tile_max_of<true>(s, mx, first, keys, lane);
+    }
+}
+
+/// This thread's rows' running max `m` moved past the tile from `first` (m_new = max(m, its
+/// scores' max times the scale, which is positive)), and the factors 2^(m - m_new) that
+/// rescale what was relative to m: exactly 1 where the max did not move (the rescale is then
+/// skipped).
+__device__ __forceinline__ void next_max(const float (&s)[32], float (&m)[2], float (&factor)[2], int first,
+                                         bool inside, const KeyRange& keys, float sc, int lane) {
+    float mx[2];
+    tile_max(s, mx, first, inside, keys, lane);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m[h], mx[h] * sc);
+        factor[h] = m_new == m[h] ? 1.0f : exp2_approx(m[h] - m_new);
+        m[h] = m_new;
+    }
+}
+
+/// The running max and its rescale factor after warpgroup `wg`'s tile (its 2^(m - m0) or
+/// 2^(m0 - m1)) into shared memory for the other warpgroup, by each quad's lane 0 once the
+/// quad has read the max it replaces.
+__device__ __forceinline__ void publish_max(const Smem& sm, int wg, const float (&m)[2], const float (&factor)[2],
+                                            int r0, int lane) {
+    __syncwarp();
+    if (lane % 4 == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            st_shared_f32(sm.max(r0 + 8 * h), m[h]);
+            st_shared_f32(wg == 0 ? sm.scale0(r0 + 8 * h) : sm.scale1(r0 + 8 * h), factor[h]);
+        }
+    }
 }
 
 /// P = 2^(s scale - m) of this thread's scores (0 for keys it does not see), rounded to the
 /// model dtype into the swizzled 64 x 64 tile at `tile` (where both warpgroups' wgmma read
 /// it), the unrounded values added to the row sums `l`. Every row's m is finite: each tile
 /// holds a key of the split.
-__device__ __forceinline__ void exponentiate(const float (&s)[32], float sc, const float (&m)[2], float (&l)[2],
-                                             u32 tile, int first, bool inside, const KeyRange& keys, int r0,
-                                             int lane) {
+template <bool MASKED>
+__device__ __forceinline__ void exponentiate_of(const float (&s)[32], float sc, const float (&m)[2], float (&l)[2],
+                                                u32 tile, int first, const KeyRange& keys, int r0, int lane) {
     const auto p_of = [&](int j, int h) {
-        return seen(j, first, inside, keys, lane) ? exp2_approx(fmaf(s[j], sc, -m[h])) : 0.0f;
+        const float p = exp2_approx(fmaf(s[j], sc, -m[h]));
+        return seen<MASKED>(j, first, keys, lane) ? p : 0.0f;
     };
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -246,6 +287,17 @@ __device__ __forceinline__ void exponentiate(const float (&s)[32], float sc, con
             l[h] += p0 + p1;
             st_shared_u32(tile + fragment_at(r0, lane, kk, i), pack2<BF16>(p0, p1));
         }
+    }
+}
+
+/// exponentiate_of, the masks only where the tile is not `inside` the keys.
+__device__ __forceinline__ void exponentiate(const float (&s)[32], float sc, const float (&m)[2], float (&l)[2],
+                                             u32 tile, int first, bool inside, const KeyRange& keys, int r0,
+                                             int lane) {
+    if (inside) {
+        exponentiate_of<false>(s, sc, m, l, tile, first, keys, r0, lane);
+    } else {
+        exponentiate_of<true>(s, sc, m, l, tile, first, keys, r0, lane);
     }
 }
 
@@ -315,6 +367,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
             for (int c = 0; c < CHUNKS; ++c) mbar_init(sm0.bar(st, c), 1);
         }
         for (int k = 1; k <= 3; ++k) mbar_init(sm0.hand(k), 128);
+        mbar_init(sm0.hand(4), THREADS);
         mbar_fence_init();
     }
     __syncthreads();
@@ -363,18 +416,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
             if (more1) entry[1] = read_entry(p, req, next1, keys, lane);
         }
         if (wg == 0) {
-            float mx[2], m[2], a[2];
-            tile_max(s, mx, first, in0, keys, lane);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) m[h] = move_max(ld_shared_f32(sm.max(r0 + 8 * h)), mx[h], sc, a[h]);
-            __syncwarp();  // the quad read the max before its lane 0 writes it
-            if (lane % 4 == 0) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    st_shared_f32(sm.max(r0 + 8 * h), m[h]);
-                    st_shared_f32(sm.scale0(r0 + 8 * h), a[h]);
-                }
-            }
+            float m[2] = {ld_shared_f32(sm.max(r0)), ld_shared_f32(sm.max(r0 + 8))}, a[2];
+            next_max(s, m, a, first, in0, keys, sc, lane);
+            publish_max(sm, 0, m, a, r0, lane);
             rescale(o, a[0], a[1]);
             l[0] *= a[0];
             l[1] *= a[1];
@@ -420,18 +464,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
             float a[2] = {ld_shared_f32(sm.scale0(r0)), ld_shared_f32(sm.scale0(r0 + 8))};
             if (has1) {
                 // The softmax of tile t1, relative to m1 = max(m0, its scores), then O_1 += P1 V11.
-                float mx[2], b[2];
-                tile_max(s, mx, first + BN, in1, keys, lane);
-#pragma unroll
-                for (int h = 0; h < 2; ++h) m[h] = move_max(m[h], mx[h], sc, b[h]);
-                __syncwarp();  // the quad read the max before its lane 0 writes it
-                if (lane % 4 == 0) {
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        st_shared_f32(sm.max(r0 + 8 * h), m[h]);
-                        st_shared_f32(sm.scale1(r0 + 8 * h), b[h]);
-                    }
-                }
+                float b[2];
+                next_max(s, m, b, first + BN, in1, keys, sc, lane);
+                publish_max(sm, 1, m, b, r0, lane);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     a[h] *= b[h];
@@ -477,7 +512,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
         l[h] = quad_sum(l[h]);
         if (lane % 4 == 0) st_shared_f32(sm.sums(wg, r0 + 8 * h), l[h]);
     }
-    __syncthreads();
+    // Every thread's sums written: an mbarrier, not __syncthreads, whose ordering of these
+    // writes compute-sanitizer's racecheck did not follow after the warpgroups' mbarrier
+    // hand-overs (NOTES.md).
+    mbar_arrive(sm.hand(4));
+    mbar_wait(sm.hand(4), 0);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = r0 + 8 * h, head = head0 + r;

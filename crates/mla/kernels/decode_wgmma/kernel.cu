@@ -301,9 +301,10 @@ __device__ __forceinline__ unsigned char* p_slot(const Smem& sm, int r0, int lan
 /// rounded to the model dtype goes to shared memory pair by pair as it is made. A packed row
 /// with no key yet (m = -inf: its keys start later, or it is padding) gets P = 0.
 /// s[4j + e]: row r0 + 8 (e / 2), key 8j + 2 (lane % 4) + e % 2.
-__device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                             int first, bool inside, const int (&lo)[2], const int (&hi)[2],
-                                             float sc, int lane, const Smem& sm, int r0) {
+template <bool MASKED>
+__device__ __forceinline__ void softmax_tile_of(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                int first, const int (&lo)[2], const int (&hi)[2], float sc, int lane,
+                                                const Smem& sm, int r0) {
     float mx[2] = {bits_to_float(0xff800000u), bits_to_float(0xff800000u)};
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
@@ -312,7 +313,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], float (&m)[2], 
             const int pos = first + 8 * j + 2 * (lane % 4) + (e & 1);
             const int h = e / 2;
             // Unpacked, no tile starts before the CTA's keys: only the end needs a mask.
-            if (!inside && ((PACK && pos < lo[h]) || pos >= hi[h])) s[4 * j + e] = bits_to_float(0xff800000u);
+            if (MASKED && ((PACK && pos < lo[h]) || pos >= hi[h])) s[4 * j + e] = bits_to_float(0xff800000u);
             mx[h] = fmaxf(mx[h], s[4 * j + e]);
         }
     }
@@ -336,6 +337,18 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], float (&m)[2], 
             l[h] += p0 + p1;
             *(u32*)p_slot(sm, r0, lane, kk, i) = pack_p<QFP8, MMA_BF16>(p0, p1);
         }
+    }
+}
+
+/// softmax_tile_of, the masks only where the tile is not `inside` every row's keys (a uniform
+/// branch: the masks' compares and selects on every tile cost more than the softmax needs).
+__device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                             int first, bool inside, const int (&lo)[2], const int (&hi)[2],
+                                             float sc, int lane, const Smem& sm, int r0) {
+    if (inside) {
+        softmax_tile_of<false>(s, m, l, alpha, first, lo, hi, sc, lane, sm, r0);
+    } else {
+        softmax_tile_of<true>(s, m, l, alpha, first, lo, hi, sc, lane, sm, r0);
     }
 }
 
