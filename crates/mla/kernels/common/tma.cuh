@@ -82,12 +82,6 @@ __device__ __forceinline__ void set_max_registers() {
 __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
-/// Arrives at named barrier `id` without waiting: the producer's half of a hand-over whose
-/// consumers wait there (named_barrier) for `threads` arrivals in all; this thread's earlier
-/// shared-memory writes are visible to them once they pass.
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 
 /// Keys of a tile read by TMA: wgmma's 64 rows. Tiles start at multiples of it, so a tile
 /// never straddles a page of 64 keys or more, and pages of 8, 16 or 32 keys fill it whole.

@@ -15,6 +15,8 @@
  * MLA_ACC128).
  */
 #pragma once
+#include "common/ptx.cuh"
+#include "common/rows.cuh"
 #include "params.cuh"
 
 /// Byte offset of 16-byte piece `c` (counted over the whole row) of row `r` in a swizzled
@@ -22,6 +24,31 @@
 template <int ROWS>
 __device__ __forceinline__ u32 swizzled(int r, int c) {
     return (u32)((c / 8) * (ROWS * 128) + r * 128 + (((c % 8) ^ (r % 8)) * 16));
+}
+
+/// q of a tile of ROWS rows into the swizzled tile at `q`, as a K-major wgmma operand:
+/// `where(r, row, head)` names the query row and head of tile row r, false for a padding row
+/// (zero-filled, never read). By NT threads, `t` this one's index (cp.async: the caller
+/// commits and waits).
+template <int ROWS, int L, int D, int NT, typename Where>
+__device__ __forceinline__ void copy_q(const DecodeParams& p, u32 q, int t, Where where) {
+    constexpr int PIECES = D / 8;  // 16-byte pieces a row
+    for (int c = t; c < ROWS * PIECES; c += NT) {
+        const int r = c / PIECES, k = c % PIECES;
+        int row, head;
+        const bool valid = where(r, row, head);
+        const u16* src = q_piece<L>(p, row, head, k);
+        cp_async16(q + swizzled<ROWS>(r, k), valid ? (const void*)src : p.q_nope, valid);
+    }
+}
+
+/// Where pair i (0 .. 3) of k-step kk of this thread's A fragment of P (64 rows x 64 keys,
+/// m16n8k16's A layout, as wgmma reads P from shared memory) lies in its swizzled tile: key
+/// group j = 2 kk + i / 2 of row r0 (i even) or r0 + 8 (i odd), which share the swizzle
+/// (r % 8); r0 = 16 (warp % 4) + lane / 4.
+__device__ __forceinline__ u32 p_fragment_at(int r0, int lane, int kk, int i) {
+    const int j = 2 * kk + i / 2;
+    return (r0 + (i % 2) * 8) * 128 + ((j ^ (r0 % 8)) * 16) + (lane % 4) * 4;
 }
 
 /// A shared-memory matrix descriptor with the 128-byte swizzle. `lbo`: bytes between 64-wide

@@ -176,15 +176,11 @@ __device__ __forceinline__ void produce(const TmaParams& np, const Smem& sm, int
 /// k of 64 columns holds N rows of 128 bytes, swizzled. Padding columns are zero. Returns
 /// when this thread's copies landed, fenced for wgmma.
 __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, const Cols& cols) {
-    constexpr int PIECES = D / 8;
-    const u32 q = smem_addr(sm.q());
-    for (int i = threadIdx.x; i < N * PIECES; i += CONSUMERS * 128) {
-        const int c = i / PIECES, k = i % PIECES;
-        const bool valid = cols.real(c);
-        const int row = cols.row(c), head = cols.head(c);
-        const u16* src = q_piece<L>(p, row, head, k);
-        cp_async16(q + swizzled<N>(c, k), valid ? (const void*)src : p.q_nope, valid);
-    }
+    copy_q<N, L, D, CONSUMERS * 128>(p, smem_addr(sm.q()), threadIdx.x, [&](int c, int& row, int& head) {
+        row = cols.row(c);
+        head = cols.head(c);
+        return cols.real(c);
+    });
     cp_async_commit();
     cp_async_wait_group<0>();
     fence_proxy_async();

@@ -108,24 +108,14 @@ extern "C" __constant__ int mla_decode_smem_bytes = ALIGN + 3 * TILE_BYTES + CHU
 
 namespace {
 
-/// Where pair i (0 .. 3) of k-step kk of this thread's A fragment of P lies in a 64 x 64
-/// swizzled tile: rows r0 (i even) and r0 + 8 (i odd), keys 16 kk + 8 (i / 2) + 2 (lane % 4)
-/// and the next; both rows share the swizzle (r % 8).
-__device__ __forceinline__ u32 fragment_at(int r0, int lane, int kk, int i) {
-    const int group = 2 * kk + i / 2;
-    return (r0 + (i % 2) * 8) * 128 + ((group ^ (r0 % 8)) * 16) + (lane % 4) * 4;
-}
-
 /// q of the CTA's 64 heads (padding heads zero), swizzled, by every thread (cp.async, one
 /// commit group).
 __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, int row, int head0) {
-    constexpr int PIECES = D / 8;
-    for (int c = threadIdx.x; c < M * PIECES; c += THREADS) {
-        const int r = c / PIECES, k = c % PIECES;
-        const bool valid = head0 + r < p.heads;
-        const u16* src = q_piece<L>(p, row, head0 + r, k);
-        cp_async16(sm.q() + swizzled<M>(r, k), valid ? (const void*)src : p.q_nope, valid);
-    }
+    copy_q<M, L, D, THREADS>(p, sm.q(), threadIdx.x, [&](int r, int& q_row, int& head) {
+        q_row = row;
+        head = head0 + r;
+        return head < p.heads;
+    });
     cp_async_commit();
 }
 
@@ -285,7 +275,7 @@ __device__ __forceinline__ void exponentiate_of(const float (&s)[32], float sc, 
             const float p0 = p_of(8 * kk + 2 * i, h);
             const float p1 = p_of(8 * kk + 2 * i + 1, h);
             l[h] += p0 + p1;
-            st_shared_u32(tile + fragment_at(r0, lane, kk, i), pack2<BF16>(p0, p1));
+            st_shared_u32(tile + p_fragment_at(r0, lane, kk, i), pack2<BF16>(p0, p1));
         }
     }
 }
@@ -308,7 +298,7 @@ __device__ __forceinline__ void rescale_p(u32 tile, float a, float b, int r0, in
     for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const u32 at = tile + fragment_at(r0, lane, kk, i), v = ld_shared_u32(at);
+            const u32 at = tile + p_fragment_at(r0, lane, kk, i), v = ld_shared_u32(at);
             const float f = i % 2 == 0 ? a : b;
             st_shared_u32(at, pack2<BF16>(half_to_float<BF16>(v & 0xffffu) * f, half_to_float<BF16>(v >> 16) * f));
         }

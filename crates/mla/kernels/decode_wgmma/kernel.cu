@@ -162,14 +162,11 @@ __device__ __forceinline__ TokensKeys cta_keys(const DecodeParams& p, const Rows
 /// q of the tile's rows, swizzled; padding rows are zero. In the fp8-query mode into the
 /// converted tile, free until the first tile, for quantize_q.
 __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, const Rows& rows) {
-    const u32 q = smem_addr(QFP8 ? sm.kt() : sm.q());
-    for (int c = threadIdx.x; c < M * PIECES; c += THREADS) {
-        const int r = c / PIECES, k = c % PIECES;
-        const int row = rows.row(r), head = rows.head(r);
-        const bool valid = rows.real(r, p);
-        const u16* src = q_piece<L>(p, row, head, k);
-        cp_async16(q + swizzled<M>(r, k), valid ? (const void*)src : p.q_nope, valid);
-    }
+    copy_q<M, L, D, THREADS>(p, smem_addr(QFP8 ? sm.kt() : sm.q()), threadIdx.x, [&](int r, int& row, int& head) {
+        row = rows.row(r);
+        head = rows.head(r);
+        return rows.real(r, p);
+    });
 }
 
 /// A tile of keys into stage `s`: swizzled for 16-bit caches, row-major raw bytes for fp8.
@@ -284,12 +281,9 @@ __device__ __forceinline__ void quantize_q(const Smem& sm, float q_scale) {
     }
 }
 
-/// Where P's pair (kk, i) of this thread lives in shared memory (swizzled): key group
-/// j = 2 kk + i / 2 of row r0 (i even) or r0 + 8 (i odd), which share the swizzle (r % 8).
-/// The pairs are those of an m16n8k16 A fragment, as wgmma reads P.
+/// Where P's pair (kk, i) of this thread lives in shared memory (common/wgmma.cuh).
 __device__ __forceinline__ unsigned char* p_slot(const Smem& sm, int r0, int lane, int kk, int i) {
-    const int j = 2 * kk + i / 2;
-    return sm.p() + (r0 + (i % 2) * 8) * 128 + ((j ^ (r0 % 8)) * 16) + (lane % 4) * 4;
+    return sm.p() + p_fragment_at(r0, lane, kk, i);
 }
 
 /// Step 2's softmax on this thread's 32 raw scores of a tile whose keys start at `first`:

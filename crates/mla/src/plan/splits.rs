@@ -51,10 +51,11 @@ pub fn narrow_fit(heads: usize, query_len: usize) -> Option<usize> {
     fits.then(|| query_len.clamp(1, NARROW_ROWS / heads))
 }
 
-/// Whether the narrow kernel's copies tile pages of `page_size` keys: its 64-key tiles start
-/// at multiples of 64, so a page must hold whole tiles (a multiple of 64 keys) or a tile whole
-/// pages of at least 8 keys (8, 16, 32: a page is a whole number of 1 KB swizzle atoms).
-pub fn narrow_pages(page_size: usize) -> bool {
+/// Whether the TMA kernels' copies (the narrow and seesaw kernels, `common/tma.cuh`) tile
+/// pages of `page_size` keys: their 64-key tiles start at multiples of 64, so a page must
+/// hold whole tiles (a multiple of 64 keys) or a tile whole pages of at least 8 keys (8, 16,
+/// 32: a page is a whole number of 1 KB swizzle atoms).
+pub fn tma_pages(page_size: usize) -> bool {
     page_size.is_multiple_of(64) || (page_size.is_multiple_of(8) && 64 % page_size.max(1) == 0)
 }
 
@@ -421,10 +422,10 @@ mod tests {
         assert_eq!(narrow_fit(16, 4), None); // the wgmma tile packs them
         assert_eq!(narrow_fit(17, 1), None);
         for page in [8, 16, 32, 64, 128, 1024] {
-            assert!(narrow_pages(page), "{page}");
+            assert!(tma_pages(page), "{page}");
         }
         for page in [1, 4, 12, 24, 48, 96] {
-            assert!(!narrow_pages(page), "{page}");
+            assert!(!tma_pages(page), "{page}");
         }
         // One CTA a request (one per SM) where it runs, else the mma kernel's CTA per token.
         let rule = |narrow| h200(true, narrow);

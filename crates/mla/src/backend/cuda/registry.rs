@@ -473,7 +473,8 @@ pub fn narrow_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> 
 
 /// The seesaw variant, where it can run: an sm_90a device, a cache in the model dtype (no
 /// conversion: the keys land by TMA as the products read them), L = 512 and R = 64 (eight
-/// value chunks and one rotary chunk, whose q the threads keep in registers).
+/// value chunks split between the warpgroups, and one rotary chunk, where P0 goes once the
+/// scores have read it).
 pub fn seesaw_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> {
     let v = shape.variant(Family::DecodeSeesaw, WGMMA_TILE / 16, 2);
     let applies = v.kv == 0
@@ -551,7 +552,7 @@ pub struct Stage1 {
     /// The kernel of multi-token decodes whose packed rows fill a wgmma tile enough.
     pub packed: Option<Variant>,
     /// The kernel of few-head multi-token decodes that do not pack into the wgmma tile, on
-    /// pages it tiles ([`splits::narrow_pages`]).
+    /// pages it tiles ([`splits::tma_pages`]).
     pub narrow: Option<Variant>,
     /// Whether single-token decodes take the narrow kernel too (`MLA_KERNEL=narrow`).
     pub narrow_everywhere: bool,
@@ -618,7 +619,7 @@ impl Stage1 {
         } else {
             splits::narrow_tokens(heads, query_len)
         };
-        let tiles = splits::narrow_pages(page_size);
+        let tiles = splits::tma_pages(page_size);
         match (self.narrow, tokens, self.seesaw) {
             (Some(n), Some(tokens), _) if tiles => (n, tokens),
             (_, _, Some(s)) if tiles => (s, 1),
