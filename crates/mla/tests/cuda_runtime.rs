@@ -188,17 +188,22 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
     // heads take the wgmma kernel whatever the cache; 16 heads take mma.sync for one token a
     // request and the wgmma kernel, tokens packed, for two or more (warmup builds both); 8
     // heads x 2 tokens with a bf16 cache take the narrow kernel (and mma.sync is built for
-    // pages it does not tile). MLA_KERNEL=mma|wgmma|narrow|seesaw forces a family (the seesaw
-    // kernel: single tokens with a cache in the model dtype, unless the decoder schedules).
-    for (heads, kv, dtype, q_len) in [
-        (128, KvFormat::Bf16, CacheDtype::Auto, 1),
-        (64, KvFormat::Bf16, CacheDtype::Auto, 1),
-        (16, KvFormat::Bf16, CacheDtype::Auto, 1),
-        (16, KvFormat::Bf16, CacheDtype::Auto, 4),
-        (8, KvFormat::Bf16, CacheDtype::Auto, 2),
-        (128, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 1),
+    // pages it does not tile); 128 heads with a bf16 cache also build the seesaw kernel, which
+    // takes the decode where it has at most SEESAW_MAX_SPLITS splits (70 requests: one).
+    // MLA_KERNEL=mma|wgmma|narrow|seesaw forces a family (the seesaw kernel: single tokens
+    // with a cache in the model dtype on any split count, unless the decoder schedules).
+    let two = [1000, 37];
+    let seventy = [300; 70];
+    for (heads, kv, dtype, q_len, lengths) in [
+        (128, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..]),
+        (128, KvFormat::Bf16, CacheDtype::Auto, 1, &seventy[..]),
+        (64, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..]),
+        (16, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..]),
+        (16, KvFormat::Bf16, CacheDtype::Auto, 4, &two[..]),
+        (8, KvFormat::Bf16, CacheDtype::Auto, 2, &two[..]),
+        (128, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 1, &two[..]),
     ] {
-        let mut s = spec(heads, 64, &[1000, 37], q_len, Mask::Causal);
+        let mut s = spec(heads, 64, lengths, q_len, Mask::Causal);
         s.kv_format = kv;
         let case = Case::new(s);
         let Some(mut dec) = gpu::open(&case.config()) else {
@@ -207,7 +212,7 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         let st = gpu::stream(&dec);
         let p = Problem::generate(&case.spec).unwrap();
         let dp = p.to_device(&st).unwrap();
-        dec.reserve_workspace(2 * q_len, 1000).unwrap();
+        dec.reserve_workspace(lengths.len() * q_len, 1000).unwrap();
         dec.register_decode_warmup(&dp.inputs(&p, false).unwrap().kv_cache, dtype)
             .unwrap();
         let cuda = dec.cuda_backend().unwrap();
@@ -235,11 +240,11 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
             && heads <= narrow_heads
             && kv == KvFormat::Bf16;
         let narrow_launched = narrow_built && !launches_wgmma && (q_len > 1 || forced == "narrow");
+        let auto = !matches!(forced.as_str(), "mma" | "wgmma" | "narrow" | "seesaw");
         let seesaw_built = hopper
-            && forced == "seesaw"
+            && (forced == "seesaw" || (auto && heads > registry::WGMMA_TILE))
             && kv == KvFormat::Bf16
             && !registry::schedule_from_env().unwrap_or(false);
-        let seesaw_launched = seesaw_built && !packs && !narrow_launched;
         assert_eq!(families.contains(&Family::DecodeSeesaw), seesaw_built);
         assert_eq!(
             families.contains(&Family::DecodeWgmma),
@@ -252,6 +257,13 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         let run = gpu::run_case_on(&mut dec, &case);
         gpu::assert_close(&case, &run);
         assert_eq!(families.contains(&Family::DecodeNarrow), narrow_built);
+        let splits = run.plan.num_kv_splits;
+        let seesaw_launched = seesaw_built
+            && !packs
+            && !narrow_launched
+            && (forced == "seesaw" || splits <= registry::SEESAW_MAX_SPLITS);
+        // The case that is there for it does take it.
+        assert!(seesaw_launched || !(seesaw_built && lengths.len() == seventy.len()));
         let launched = if narrow_launched {
             Family::DecodeNarrow
         } else if seesaw_launched {
@@ -261,7 +273,12 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         } else {
             Family::DecodeMma
         };
-        assert_eq!(dec.kernel_name(q_len, 64), launched.entry());
+        assert_eq!(
+            dec.kernel_name(q_len, 64, splits),
+            launched.entry(),
+            "{heads} heads x {} requests, {kv:?}, {splits} splits",
+            lengths.len()
+        );
         let built = dec.cuda_backend().unwrap().builds().len();
         assert_eq!(built, families.len(), "forward built a kernel after warmup");
         // MLA_SCHEDULE=1: the kernels that take one token a CTA (mma, unpacked wgmma) run
@@ -294,9 +311,10 @@ fn the_configuration_turns_the_device_schedule_on() {
         gpu::assert_close(&case, &run);
         // The narrow kernel (MLA_KERNEL=narrow at 16 heads) has no scheduled variant (the
         // seesaw kernel, MLA_KERNEL=seesaw, gives way to the decoder's own on the schedule).
-        let narrow = dec.kernel_name(1, 64) == Family::DecodeNarrow.entry();
+        let splits = run.plan.num_kv_splits;
+        let narrow = dec.kernel_name(1, 64, splits) == Family::DecodeNarrow.entry();
         let expected = env.unwrap_or(asked) && !narrow;
-        let seesaw = dec.kernel_name(1, 64) == Family::DecodeSeesaw.entry();
+        let seesaw = dec.kernel_name(1, 64, splits) == Family::DecodeSeesaw.entry();
         assert!(
             !(seesaw && expected),
             "the seesaw kernel launched on the schedule"

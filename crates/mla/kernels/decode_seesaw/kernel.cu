@@ -16,13 +16,15 @@
  *   warpgroup 0: S0 (computed the step before) -> m0 = max(m, rowmax S0), O_0 *= 2^(m - m0),
  *                P0 to shared memory -> hand-over 1 -> O_0 += P0 V00 -> K0's first half is
  *                read: its copies of tile t0 + 2 -> hand-over 2 -> P0 *= 2^(m0 - m1) where
- *                a row's max moved -> hand-over 3 -> O_0 *= 2^(m0 - m1), O_0 += P1 V10 ->
- *                K1's first half is read: its copies of tile t1 + 2 -> S0 of tile t0 + 2,
- *                chunk by chunk as it lands.
+ *                a row's max moved -> hand-over 3 -> O_0 *= 2^(m0 - m1), O_0 += P1 V10 and
+ *                right behind it S0 of tile t0 + 2 over K0's first half -> K1's first half
+ *                is read: its copies of tile t1 + 2 -> the rest of S0, chunk by chunk as it
+ *                lands.
  *   warpgroup 1: hand-over 1 -> m1 = max(m0, rowmax S1), P1 to shared memory -> hand-over 2
  *                -> O_1 *= 2^(m - m1), O_1 += P1 V11 -> hand-over 3 -> O_1 += P0 V01 -> K1's
  *                second half and rotary chunk, then K0's second half and rotary chunk (P0's
- *                place) are read: their copies -> S1 of tile t1 + 2.
+ *                place) are read: their copies -> S1 of tile t1 + 2, K1's second half and
+ *                rotary chunk first (the order of the copies).
  * The hand-overs are mbarriers of 128 arrivals (the producing warpgroup's threads): 1 carries
  * m0 and 2^(m - m0), 2 m1, 2^(m0 - m1) and P1, 3 the rescaled P0. Both warpgroups' outputs
  * and row sums are relative to the same running max (in shared memory), so at the end the
@@ -155,11 +157,14 @@ __device__ __forceinline__ void issue(const TmaParams& tp, const Smem& sm, int s
     }
 }
 
-/// S = Q K^T over the chunks of stage `st`, each as its copies land (`parity`: the stage's
-/// use count % 2), in one commit group.
+/// S = Q K^T (from chunk START on, S += before it) over chunks C0 % CHUNKS .. (C1 - 1) %
+/// CHUNKS of stage `st`, each as its copies land (`parity`: the stage's use count % 2), in the
+/// caller's commit group. A warpgroup takes the chunks in the order they were copied again.
+template <int C0, int C1, int START>
 __device__ __forceinline__ void scores(float (&s)[32], const Smem& sm, int st, u32 parity) {
 #pragma unroll
-    for (int c = 0; c < CHUNKS; ++c) {
+    for (int i = C0; i < C1; ++i) {
+        const int c = i % CHUNKS;
         mbar_wait(sm.bar(st, c), parity);
         // After the (divergent) wait, a fence of our own: else ptxas inserts one where it
         // serializes every wgmma.
@@ -168,10 +173,9 @@ __device__ __forceinline__ void scores(float (&s)[32], const Smem& sm, int st, u
         const u64 kd = opaque(smem_desc(sm.k(st) + c * CHUNK_BYTES, 16, 1024));
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-            wgmma_m64n64k16_ss<BF16>(s, desc_at(qd, 32 * kk), desc_at(kd, 32 * kk), c > 0 || kk > 0);
+            wgmma_m64n64k16_ss<BF16>(s, desc_at(qd, 32 * kk), desc_at(kd, 32 * kk), c != START || kk > 0);
         }
     }
-    wgmma_commit();
 }
 
 /// O += P V over the HALF value chunks at `v` (this warpgroup's half of a stage), P from the
@@ -383,14 +387,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
     float s[32];                // the scores of this warpgroup's tile of the step
     // Each warpgroup's first scores: tile 0 (warpgroup 0), tile 1 (warpgroup 1).
     if (wg == 0 || tiles > 1) {
-        scores(s, sm0, wg, 0);
+        scores<0, CHUNKS, 0>(s, sm0, wg, 0);
+        wgmma_commit();
         wgmma_wait<0>();
     }
     int entry[2] = {0, 0};  // the issuing warps' table entries of tiles t0 + 2 and t0 + 3
 
     for (int t0 = 0, step = 0; t0 < tiles; t0 += 2, ++step) {
         const Smem sm = sm0.fresh();
-        const bool has1 = t0 + 1 < tiles, more0 = t0 + 2 < tiles, more1 = t0 + 3 < tiles;
+        const bool has1 = t0 + 1 < tiles, more = t0 + 2 < tiles, more1 = t0 + 3 < tiles;
         const int first = first0 + t0 * BN;  // tile t0's first key; tile t1's is first + BN
         const bool in0 = first >= keys.start && first + BN <= keys.end;
         const bool in1 = first + 2 * BN <= keys.end;  // tile t1 starts inside the keys
@@ -402,7 +407,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
         const int next0 = first + 2 * BN, next1 = first + 3 * BN;  // tiles t0 + 2, t1 + 2
 #endif
         if (issuer) {
-            if (more0) entry[0] = read_entry(p, req, next0, keys, lane);
+            if (more) entry[0] = read_entry(p, req, next0, keys, lane);
             if (more1) entry[1] = read_entry(p, req, next1, keys, lane);
         }
         if (wg == 0) {
@@ -420,7 +425,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
             pv(o, sm.p(0), sm.k(0));
             wgmma_wait<0>();
             // K0's first half is read (S0, P0 V00): tile t0 + 2's copies.
-            if (issuer && more0) issue<0, HALF, false>(tp, sm, 0, req, next0, keys, entry[0], lane);
+            if (issuer && more) issue<0, HALF, false>(tp, sm, 0, req, next0, keys, entry[0], lane);
             if (has1) {
                 mbar_wait(sm.hand(2), parity);  // m1, 2^(m0 - m1), P1
                 const float b0 = ld_shared_f32(sm.scale1(r0)), b1 = ld_shared_f32(sm.scale1(r0 + 8));
@@ -438,13 +443,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
                     named_barrier(1, 128);
                 }
                 pv(o, sm.p(1), sm.k(1));
-                wgmma_wait<0>();
-                // K1's first half is read (S1, P1 V10): tile t1 + 2's copies.
-                if (issuer && more1) issue<0, HALF, false>(tp, sm, 1, req, next1, keys, entry[1], lane);
-                if (more0) {
-                    scores(s, sm, 0, parity ^ 1);
-                    wgmma_wait<0>();
+                // One branch holds the next scores whole: a branch that a wgmma is in flight
+                // across, on one side of it only, makes ptxas serialize every wgmma of the
+                // kernel (its C7518 and C7520; `mla precompile --deny-spills` fails then).
+                if (more) {
+                    // The scores over K0's first half (copied again long ago) right behind P1
+                    // V10, so that the tensor cores do not drain between them.
+                    scores<0, HALF, 0>(s, sm, 0, parity ^ 1);
+                    wgmma_commit();
+                    wgmma_wait<1>();
+                    // K1's first half is read (S1, P1 V10): tile t1 + 2's copies.
+                    if (issuer && more1) issue<0, HALF, false>(tp, sm, 1, req, next1, keys, entry[1], lane);
+                    scores<HALF, CHUNKS, 0>(s, sm, 0, parity ^ 1);
+                    wgmma_commit();
                 }
+                wgmma_wait<0>();
             }
         } else {
             mbar_wait(sm.hand(1), parity);
@@ -487,9 +500,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
             }
             wgmma_wait<0>();
             // K0's second half and P0 (in its rotary chunk) are read: tile t0 + 2's copies.
-            if (issuer && more0) issue<HALF, 2 * HALF, true>(tp, sm, 0, req, next0, keys, entry[0], lane);
+            if (issuer && more) issue<HALF, 2 * HALF, true>(tp, sm, 0, req, next0, keys, entry[0], lane);
             if (more1) {
-                scores(s, sm, 1, parity ^ 1);
+                // K1's second half and rotary chunk were copied again first (above), its first
+                // half after warpgroup 0's P1 V10: the scores take the chunks in that order.
+                scores<HALF, HALF + CHUNKS, HALF>(s, sm, 1, parity ^ 1);
+                wgmma_commit();
                 wgmma_wait<0>();
             }
         }

@@ -117,6 +117,12 @@ pub const BLOCK_N: usize = splits::TILE;
 
 /// Rows (heads x packed tokens) per CTA and keys per tile of the wgmma kernel.
 pub const WGMMA_TILE: usize = splits::WGMMA_ROWS;
+/// As shipped, the seesaw kernel takes the decodes of more than [`WGMMA_TILE`] heads (each
+/// tile of keys then serves two CTAs from L2, and the tensor cores set the pace) cut into at
+/// most this many splits: there it beats the wgmma kernel (5% to 8% on 1 split, even on 2),
+/// where on more splits a CTA's few steps pay its longer start (BENCHMARKS.md, the eighth
+/// session).
+pub const SEESAW_MAX_SPLITS: usize = 2;
 
 /// The fewest heads (rows of a CTA, tokens packed) for which the wgmma kernel is chosen
 /// ([`splits::WGMMA_MIN_ROWS`], where the split rule's model of the grids needs it too).
@@ -557,9 +563,12 @@ pub struct Stage1 {
     /// Whether single-token decodes take the narrow kernel too (`MLA_KERNEL=narrow`).
     pub narrow_everywhere: bool,
     /// The kernel of the decodes that take one query token a CTA (instead of `decode`), on
-    /// pages it tiles; none on a decoder that schedules on the device (it has no scheduled
-    /// variant).
+    /// pages it tiles, for more than [`WGMMA_TILE`] heads (every head count when forced);
+    /// none on a decoder that schedules on the device (it has no scheduled variant).
     pub seesaw: Option<Variant>,
+    /// Whether the seesaw kernel takes every split count (`MLA_KERNEL=seesaw`), not only up
+    /// to [`SEESAW_MAX_SPLITS`].
+    pub seesaw_everywhere: bool,
 }
 
 impl Stage1 {
@@ -590,8 +599,10 @@ impl Stage1 {
         let narrow = (wgmma && heads <= narrow_heads && !shape.fp8_query)
             .then(|| narrow_variant(shape, smem_limit))
             .flatten();
-        // Not yet timed on a GPU: only where asked for (MLA_KERNEL=seesaw).
-        let seesaw = (wgmma && choice == KernelChoice::Seesaw)
+        let seesaw_everywhere = choice == KernelChoice::Seesaw;
+        let seesaw_heads =
+            seesaw_everywhere || (choice == KernelChoice::Auto && heads > WGMMA_TILE);
+        let seesaw = (wgmma && seesaw_heads)
             .then(|| seesaw_variant(shape, smem_limit))
             .flatten();
         Some(Stage1 {
@@ -600,17 +611,25 @@ impl Stage1 {
             narrow,
             narrow_everywhere,
             seesaw,
+            seesaw_everywhere,
         })
     }
 
-    /// The kernel a decode of `query_len` tokens a request over pages of `page_size` keys
-    /// launches, and the tokens each of its CTAs takes: the packed kernel where the tokens
-    /// pack ([`splits::packing`]: the packed rows reach [`WGMMA_MIN_HEADS`], the rule that
-    /// picks wgmma for single tokens), else the narrow kernel where two or more tokens fit
-    /// it next to the heads and it tiles the pages ([`splits::narrow_tokens`]; with
-    /// `MLA_KERNEL=narrow`, single tokens too), else the seesaw kernel where the decoder has
-    /// it and it tiles the pages, else the decoder's own.
-    pub fn launch(&self, heads: usize, query_len: usize, page_size: usize) -> (Variant, usize) {
+    /// The kernel a decode of `query_len` tokens a request over pages of `page_size` keys,
+    /// cut into `splits` splits, launches, and the tokens each of its CTAs takes: the packed
+    /// kernel where the tokens pack ([`splits::packing`]: the packed rows reach
+    /// [`WGMMA_MIN_HEADS`], the rule that picks wgmma for single tokens), else the narrow
+    /// kernel where two or more tokens fit it next to the heads and it tiles the pages
+    /// ([`splits::narrow_tokens`]; with `MLA_KERNEL=narrow`, single tokens too), else the
+    /// seesaw kernel where the decoder has it, it tiles the pages and the splits are at most
+    /// [`SEESAW_MAX_SPLITS`] (any count with `MLA_KERNEL=seesaw`), else the decoder's own.
+    pub fn launch(
+        &self,
+        heads: usize,
+        query_len: usize,
+        page_size: usize,
+        splits: usize,
+    ) -> (Variant, usize) {
         if let (Some(w), Some(tokens)) = (self.packed, splits::packing(heads, query_len)) {
             return (w, tokens);
         }
@@ -620,9 +639,10 @@ impl Stage1 {
             splits::narrow_tokens(heads, query_len)
         };
         let tiles = splits::tma_pages(page_size);
+        let few_splits = self.seesaw_everywhere || splits <= SEESAW_MAX_SPLITS;
         match (self.narrow, tokens, self.seesaw) {
             (Some(n), Some(tokens), _) if tiles => (n, tokens),
-            (_, _, Some(s)) if tiles => (s, 1),
+            (_, _, Some(s)) if tiles && few_splits => (s, 1),
             _ => (self.decode, 1),
         }
     }
@@ -831,7 +851,7 @@ mod tests {
             assert_eq!(s.narrow, None);
             assert!(s.decode.fp8_query && s.packed.is_some_and(|p| p.fp8_query));
             // Few-head multi-token rows take the packed wgmma kernel or mma instead.
-            let (v, _) = s.launch(4, 2, 64);
+            let (v, _) = s.launch(4, 2, 64, 1);
             assert!(v.fp8_query && v.family != Family::DecodeNarrow);
         }
         let plain = Stage1::choose(
@@ -966,9 +986,10 @@ mod tests {
         let choose = |heads, wgmma, choice| {
             Stage1::choose(heads, bf16(KvFormat::Bf16), 232_448, wgmma, choice).unwrap()
         };
-        // (family, packed variant, tokens a CTA) a decode over pages of 64 keys launches.
+        // (family, packed variant, tokens a CTA) a decode over pages of 64 keys in more
+        // splits than the seesaw kernel takes launches.
         let launch = |s: Stage1, heads, q| {
-            let (v, t) = s.launch(heads, q, 64);
+            let (v, t) = s.launch(heads, q, 64, SEESAW_MAX_SPLITS + 1);
             (v.family, v.packed, t)
         };
         let (w, m, n) = (Family::DecodeWgmma, Family::DecodeMma, Family::DecodeNarrow);
@@ -999,18 +1020,18 @@ mod tests {
         }
         // Pages the narrow kernel does not tile take the decoder's own kernel.
         for page in [1, 4, 24, 48, 100] {
-            let (v, t) = choose(8, true, Auto).launch(8, 2, page);
+            let (v, t) = choose(8, true, Auto).launch(8, 2, page, 1);
             assert_eq!((v.family, t), (m, 1), "page {page}");
         }
         for page in [8, 16, 32, 64, 128, 256] {
-            let (v, _) = choose(8, true, Auto).launch(8, 2, page);
+            let (v, _) = choose(8, true, Auto).launch(8, 2, page, 1);
             assert_eq!(v.family, n, "page {page}");
         }
         // Nor the other 16-bit type; fp8 caches convert on the way.
         let f16 = Stage1::choose(8, bf16(KvFormat::F16), 232_448, true, Auto).unwrap();
-        assert_eq!(f16.launch(8, 2, 64).0.family, m);
+        assert_eq!(f16.launch(8, 2, 64, 1).0.family, m);
         let fp8 = Stage1::choose(8, bf16(KvFormat::Fp8E4m3), 232_448, true, Auto).unwrap();
-        assert_eq!(fp8.launch(8, 2, 64).0.family, n);
+        assert_eq!(fp8.launch(8, 2, 64, 1).0.family, n);
         // MLA_KERNEL=narrow: single tokens of up to 16 heads too; packing still comes first.
         use KernelChoice::Narrow;
         assert_eq!(launch(choose(16, true, Narrow), 16, 1), (n, false, 1));
@@ -1049,8 +1070,8 @@ mod tests {
     }
 
     #[test]
-    fn the_seesaw_kernel_takes_single_tokens_where_asked_for_on_pages_it_tiles() {
-        use KernelChoice::{Auto, Mma, Seesaw, Wgmma};
+    fn the_seesaw_kernel_takes_many_heads_on_few_splits_and_anything_forced_on_pages_it_tiles() {
+        use KernelChoice::{Auto, Mma, Narrow, Seesaw, Wgmma};
         let choose = |heads, kv, wgmma, choice| {
             Stage1::choose(heads, bf16(kv), 232_448, wgmma, choice).unwrap()
         };
@@ -1060,7 +1081,8 @@ mod tests {
             Family::DecodeNarrow,
         );
         // MLA_KERNEL=seesaw: every head count's single tokens, and multi-token rows that
-        // neither pack into the wgmma tile nor take the narrow kernel, one token a CTA.
+        // neither pack into the wgmma tile nor take the narrow kernel, one token a CTA, on
+        // any split count.
         for (heads, q, want) in [
             (128, 1, (s, 1)),
             (128, 4, (s, 1)),
@@ -1071,8 +1093,28 @@ mod tests {
             (16, 4, (w, 4)), // packed: one read of the keys for 4 tokens
             (8, 2, (n, 2)),  // the narrow kernel's 16 rows
         ] {
-            let (v, t) = choose(heads, KvFormat::Bf16, true, Seesaw).launch(heads, q, 64);
-            assert_eq!((v.family, t), want, "{heads} heads x {q}");
+            for splits in [1, 2, 3, 64] {
+                let (v, t) =
+                    choose(heads, KvFormat::Bf16, true, Seesaw).launch(heads, q, 64, splits);
+                assert_eq!((v.family, t), want, "{heads} heads x {q}, {splits} splits");
+            }
+        }
+        // As shipped: more than 64 heads (two CTAs share each tile of keys) on at most
+        // SEESAW_MAX_SPLITS splits; the wgmma kernel on more splits and at 64 heads or fewer
+        // (the mma kernel at 16 or fewer).
+        for (heads, q, splits, want) in [
+            (128, 1, 1, s),
+            (128, 1, 2, s),
+            (128, 2, 1, s),
+            (65, 1, 1, s),
+            (128, 1, 3, w),
+            (128, 1, 40, w),
+            (64, 1, 1, w),
+            (32, 1, 1, w),
+            (16, 1, 1, Family::DecodeMma),
+        ] {
+            let (v, _) = choose(heads, KvFormat::Bf16, true, Auto).launch(heads, q, 64, splits);
+            assert_eq!(v.family, want, "{heads} heads x {q}, {splits} splits");
         }
         // Pages it does not tile take the decoder's own kernel.
         for (page, want) in [
@@ -1085,14 +1127,18 @@ mod tests {
             (12, w),
             (1, w),
         ] {
-            let (v, _) = choose(128, KvFormat::Bf16, true, Seesaw).launch(128, 1, page);
-            assert_eq!(v.family, want, "page {page}");
+            for choice in [Seesaw, Auto] {
+                let (v, _) = choose(128, KvFormat::Bf16, true, choice).launch(128, 1, page, 1);
+                assert_eq!(v.family, want, "page {page}, {choice:?}");
+            }
         }
-        // Only where asked for (not yet timed on a GPU), only on Hopper, only for a cache in
-        // the model dtype (the keys land as the products read them).
+        // Not where another family is forced, only on Hopper, only for a cache in the model
+        // dtype (the keys land as the products read them).
         for (kv, hopper, choice) in [
-            (KvFormat::Bf16, true, Auto),
             (KvFormat::Bf16, true, Wgmma),
+            (KvFormat::Bf16, true, Narrow),
+            (KvFormat::F16, true, Auto),
+            (KvFormat::Fp8E4m3, true, Auto),
             (KvFormat::Bf16, true, Mma),
             (KvFormat::Bf16, false, Seesaw),
             (KvFormat::F16, true, Seesaw),
@@ -1100,7 +1146,7 @@ mod tests {
         ] {
             let stage1 = choose(128, kv, hopper, choice);
             assert_eq!(stage1.seesaw, None, "{kv:?} {hopper} {choice:?}");
-            assert_ne!(stage1.launch(128, 1, 64).0.family, s);
+            assert_ne!(stage1.launch(128, 1, 64, 1).0.family, s);
         }
         let v = choose(128, KvFormat::Bf16, true, Seesaw).seesaw.unwrap();
         assert!(
