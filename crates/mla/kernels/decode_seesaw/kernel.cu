@@ -16,17 +16,16 @@
  *   warpgroup 0: S0 (computed the step before) -> m0 = max(m, rowmax S0), O_0 *= 2^(m - m0),
  *                P0 to shared memory -> hand-over 1 -> O_0 += P0 V00 -> K0's first half is
  *                read: its copies of tile t0 + 2 -> hand-over 2 -> P0 *= 2^(m0 - m1) where
- *                a row's max moved -> hand-over 3 -> O_0 *= 2^(m0 - m1), O_0 += P1 V10 and
- *                right behind it S0 of tile t0 + 2 over K0's first half -> K1's first half
- *                is read: its copies of tile t1 + 2 -> the rest of S0, chunk by chunk as it
- *                lands.
- *   warpgroup 1: hand-over 1 -> m1 = max(m0, rowmax S1), P1 to shared memory -> hand-over 2
- *                -> O_1 *= 2^(m - m1), O_1 += P1 V11 -> hand-over 3 -> O_1 += P0 V01 -> K1's
- *                second half and rotary chunk, then K0's second half and rotary chunk (P0's
- *                place) are read: their copies -> S1 of tile t1 + 2, K1's second half and
- *                rotary chunk first (the order of the copies).
+ *                a row's max moved -> hand-over 3 -> O_0 *= 2^(m0 - m1) -> hand-over 5 ->
+ *                O_0 += P1 V10 and right behind it S0 of tile t0 + 2 over K0's first half ->
+ *                K1's first half is read: its copies of tile t1 + 2 -> the rest of S0, chunk
+ *                by chunk as it lands.
+ *   warpgroup 1: hand-over 1 -> m1 = max(m0, rowmax S1) -> hand-over 2 -> P1 to shared
+ *                memory -> hand-over 5 -> O_1 *= 2^(m - m1) -> hand-over 3 -> O_1 += P0 V01,
+ *                O_1 += P1 V11 -> K0's second half and rotary chunk (P0's place), then K1's
+ *                second half and rotary chunk are read: their copies -> S1 of tile t1 + 2.
  * The hand-overs are mbarriers of 128 arrivals (the producing warpgroup's threads): 1 carries
- * m0 and 2^(m - m0), 2 m1, 2^(m0 - m1) and P1, 3 the rescaled P0. Both warpgroups' outputs
+ * m0 and 2^(m - m0), 2 m1 and 2^(m0 - m1), 5 P1, 3 the rescaled P0. Both warpgroups' outputs
  * and row sums are relative to the same running max (in shared memory), so at the end the
  * two sums add and each warpgroup writes its columns. P is rounded at its own tile's running
  * max (P0 again where warpgroup 1's tile moved a row's max); the row sums keep the unrounded
@@ -77,7 +76,7 @@ constexpr int COLS = L / 2;              // output columns a warpgroup holds
 constexpr int CHUNK_BYTES = BN * 128;    // a chunk of a tile (or of q, or P), swizzled
 constexpr int TILE_BYTES = CHUNKS * CHUNK_BYTES;
 constexpr int STAT_BYTES = 5 * M * 4;    // running max, the two rescales, the two row sums
-constexpr int BAR_BYTES = (2 * CHUNKS + 4) * 8;  // a chunk's of each stage, the hand-overs
+constexpr int BAR_BYTES = (2 * CHUNKS + 5) * 8;  // a chunk's of each stage, the hand-overs
 constexpr int ALIGN = 1024;
 constexpr float LN2 = 0.69314718055994530942f;
 
@@ -96,9 +95,10 @@ struct Smem {
     __device__ u32 scale1(int r) const { return max(2 * M + r); }             // 2^(m0 - m1)
     __device__ u32 sums(int wg, int r) const { return max((3 + wg) * M + r); }
     __device__ u32 bar(int st, int c) const { return max(5 * M) + 8 * (st * CHUNKS + c); }
-    /// Hand-over k's mbarrier (1, 2, 3: see the file's note; 128 arrivals a phase), and 4: the
-    /// row sums' exchange at the end (256 arrivals).
+    /// Hand-over k's mbarrier (1, 2, 3, 5: see the file's note; 128 arrivals a phase), and 4:
+    /// the row sums' exchange at the end (256 arrivals).
     __device__ u32 hand(int k) const { return bar(2, k - 1); }
+
     /// The same addresses, computed afresh where they are used (see the file's note).
     __device__ Smem fresh() const { return Smem{opaque_u32(base)}; }
 };
@@ -157,14 +157,12 @@ __device__ __forceinline__ void issue(const TmaParams& tp, const Smem& sm, int s
     }
 }
 
-/// S = Q K^T (from chunk START on, S += before it) over chunks C0 % CHUNKS .. (C1 - 1) %
-/// CHUNKS of stage `st`, each as its copies land (`parity`: the stage's use count % 2), in the
-/// caller's commit group. A warpgroup takes the chunks in the order they were copied again.
-template <int C0, int C1, int START>
+/// S = Q K^T (S += from a C0 above 0 on) over chunks [C0, C1) of stage `st`, each as its
+/// copies land (`parity`: the stage's use count % 2), in the caller's commit group.
+template <int C0, int C1>
 __device__ __forceinline__ void scores(float (&s)[32], const Smem& sm, int st, u32 parity) {
 #pragma unroll
-    for (int i = C0; i < C1; ++i) {
-        const int c = i % CHUNKS;
+    for (int c = C0; c < C1; ++c) {
         mbar_wait(sm.bar(st, c), parity);
         // After the (divergent) wait, a fence of our own: else ptxas inserts one where it
         // serializes every wgmma.
@@ -173,7 +171,7 @@ __device__ __forceinline__ void scores(float (&s)[32], const Smem& sm, int st, u
         const u64 kd = opaque(smem_desc(sm.k(st) + c * CHUNK_BYTES, 16, 1024));
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-            wgmma_m64n64k16_ss<BF16>(s, desc_at(qd, 32 * kk), desc_at(kd, 32 * kk), c != START || kk > 0);
+            wgmma_m64n64k16_ss<BF16>(s, desc_at(qd, 32 * kk), desc_at(kd, 32 * kk), c > 0 || kk > 0);
         }
     }
 }
@@ -360,8 +358,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
         for (int st = 0; st < 2; ++st) {
             for (int c = 0; c < CHUNKS; ++c) mbar_init(sm0.bar(st, c), 1);
         }
-        for (int k = 1; k <= 3; ++k) mbar_init(sm0.hand(k), 128);
+        for (int k = 1; k <= 5; ++k) {
+            if (k != 4) mbar_init(sm0.hand(k), 128);
+        }
         mbar_init(sm0.hand(4), THREADS);
+
         mbar_fence_init();
     }
     __syncthreads();
@@ -387,7 +388,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
     float s[32];                // the scores of this warpgroup's tile of the step
     // Each warpgroup's first scores: tile 0 (warpgroup 0), tile 1 (warpgroup 1).
     if (wg == 0 || tiles > 1) {
-        scores<0, CHUNKS, 0>(s, sm0, wg, 0);
+        scores<0, CHUNKS>(s, sm0, wg, 0);
         wgmma_commit();
         wgmma_wait<0>();
     }
@@ -427,7 +428,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
             // K0's first half is read (S0, P0 V00): tile t0 + 2's copies.
             if (issuer && more) issue<0, HALF, false>(tp, sm, 0, req, next0, keys, entry[0], lane);
             if (has1) {
-                mbar_wait(sm.hand(2), parity);  // m1, 2^(m0 - m1), P1
+                mbar_wait(sm.hand(2), parity);  // m1, 2^(m0 - m1)
                 const float b0 = ld_shared_f32(sm.scale1(r0)), b1 = ld_shared_f32(sm.scale1(r0 + 8));
                 // P0 relative to m1 for warpgroup 1's product (this one's is done).
                 if (b0 != 1.0f || b1 != 1.0f) {
@@ -442,6 +443,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
                     zero_outside(sm.k(1), 0, first + BN, keys, wt);
                     named_barrier(1, 128);
                 }
+                mbar_wait(sm.hand(5), parity);  // P1
                 pv(o, sm.p(1), sm.k(1));
                 // One branch holds the next scores whole: a branch that a wgmma is in flight
                 // across, on one side of it only, makes ptxas serialize every wgmma of the
@@ -449,12 +451,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
                 if (more) {
                     // The scores over K0's first half (copied again long ago) right behind P1
                     // V10, so that the tensor cores do not drain between them.
-                    scores<0, HALF, 0>(s, sm, 0, parity ^ 1);
+                    scores<0, HALF>(s, sm, 0, parity ^ 1);
                     wgmma_commit();
                     wgmma_wait<1>();
                     // K1's first half is read (S1, P1 V10): tile t1 + 2's copies.
                     if (issuer && more1) issue<0, HALF, false>(tp, sm, 1, req, next1, keys, entry[1], lane);
-                    scores<HALF, CHUNKS, 0>(s, sm, 0, parity ^ 1);
+                    scores<HALF, CHUNKS>(s, sm, 0, parity ^ 1);
                     wgmma_commit();
                 }
                 wgmma_wait<0>();
@@ -466,10 +468,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
             for (int h = 0; h < 2; ++h) m[h] = ld_shared_f32(sm.max(r0 + 8 * h));
             float a[2] = {ld_shared_f32(sm.scale0(r0)), ld_shared_f32(sm.scale0(r0 + 8))};
             if (has1) {
-                // The softmax of tile t1, relative to m1 = max(m0, its scores), then O_1 += P1 V11.
+                // The softmax of tile t1, relative to m1 = max(m0, its scores).
                 float b[2];
                 next_max(s, m, b, first + BN, in1, keys, sc, lane);
                 publish_max(sm, 1, m, b, r0, lane);
+                mbar_arrive(sm.hand(2));  // m1, 2^(m0 - m1): warpgroup 0 rescales P0 meanwhile
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     a[h] *= b[h];
@@ -478,10 +481,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
                 exponentiate(s, sc, m, l, sm.p(1), first + BN, in1, keys, r0, lane);
                 if (!in1) zero_outside(sm.k(1), HALF, first + BN, keys, wt);
                 fence_proxy_async();      // P1 (and the zeros) for the wgmma
-                mbar_arrive(sm.hand(2));  // m1, 2^(m0 - m1), P1
+                mbar_arrive(sm.hand(5));  // P1
                 rescale(o, a[0], a[1]);
-                named_barrier(2, 128);  // P1 and this warpgroup's zeros, for its own products
-                pv(o, sm.p(1), sm.k(1) + HALF * CHUNK_BYTES);
+                named_barrier(2, 128);          // P1 and this warpgroup's zeros, for its own products
                 mbar_wait(sm.hand(3), parity);  // P0, relative to m1
             } else {
                 rescale(o, a[0], a[1]);
@@ -492,19 +494,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
                 zero_outside(sm.k(0), HALF, first, keys, wt);
                 named_barrier(2, 128);
             }
+            // P0 V01 first (both products are relative to m1): K0's second half, which warpgroup
+            // 0's next scores wait for, is free one product sooner.
             pv(o, sm.p(0), sm.k(0) + HALF * CHUNK_BYTES);
             if (has1) {
+                pv(o, sm.p(1), sm.k(1) + HALF * CHUNK_BYTES);
                 wgmma_wait<1>();
+                // K0's second half and P0 (in its rotary chunk) are read: tile t0 + 2's copies.
+                if (issuer && more) issue<HALF, 2 * HALF, true>(tp, sm, 0, req, next0, keys, entry[0], lane);
+                wgmma_wait<0>();
                 // K1's second half and rotary chunk are read (S1, P1 V11): tile t1 + 2's copies.
                 if (issuer && more1) issue<HALF, 2 * HALF, true>(tp, sm, 1, req, next1, keys, entry[1], lane);
+            } else {
+                wgmma_wait<0>();
+                if (issuer && more) issue<HALF, 2 * HALF, true>(tp, sm, 0, req, next0, keys, entry[0], lane);
             }
-            wgmma_wait<0>();
-            // K0's second half and P0 (in its rotary chunk) are read: tile t0 + 2's copies.
-            if (issuer && more) issue<HALF, 2 * HALF, true>(tp, sm, 0, req, next0, keys, entry[0], lane);
             if (more1) {
-                // K1's second half and rotary chunk were copied again first (above), its first
-                // half after warpgroup 0's P1 V10: the scores take the chunks in that order.
-                scores<HALF, HALF + CHUNKS, HALF>(s, sm, 1, parity ^ 1);
+                scores<0, CHUNKS>(s, sm, 1, parity ^ 1);
                 wgmma_commit();
                 wgmma_wait<0>();
             }
