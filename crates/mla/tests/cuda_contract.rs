@@ -259,12 +259,12 @@ fn the_fp8_query_mode_on_each_kernel() {
                 if let Some(run) = gpu::run_case(&short) {
                     gpu::assert_close(&short, &run);
                     let a = run.vs_cpu;
-                    // The record of what the hardware's fp8 sums do (FP8_QUERY_CPU_LSE_TOL).
+                    // The record of what the hardware's fp8 sums do (cpu_lse_tolerance).
                     eprintln!(
                         "fp8 query, one tile, {heads} heads x {q_len}, {model:?} {kv:?}, q_scale {q_scale}: against the cpu backend {a:?}"
                     );
                     assert!(
-                        a.o_rel <= common::O_TOL && a.lse_abs <= common::FP8_QUERY_CPU_LSE_TOL,
+                        a.o_rel <= common::O_TOL && a.lse_abs <= short.cpu_lse_tolerance(),
                         "{heads} heads x {q_len}, {model:?} {kv:?}, q_scale {q_scale}: {a:?}"
                     );
                 }

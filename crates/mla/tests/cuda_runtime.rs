@@ -240,7 +240,7 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
             && heads <= narrow_heads
             && kv == KvFormat::Bf16;
         let narrow_launched = narrow_built && !launches_wgmma && (q_len > 1 || forced == "narrow");
-        let auto = !matches!(forced.as_str(), "mma" | "wgmma" | "narrow" | "seesaw");
+        let auto = registry::KernelChoice::from_env() == registry::KernelChoice::Auto;
         let seesaw_built = hopper
             && (forced == "seesaw" || (auto && heads > registry::WGMMA_TILE))
             && kv == KvFormat::Bf16
@@ -263,7 +263,7 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
             && !narrow_launched
             && (forced == "seesaw" || splits <= registry::SEESAW_MAX_SPLITS);
         // The case that is there for it does take it.
-        assert!(seesaw_launched || !(seesaw_built && lengths.len() == seventy.len()));
+        assert!(seesaw_launched || !(seesaw_built && lengths == seventy.as_slice()));
         let launched = if narrow_launched {
             Family::DecodeNarrow
         } else if seesaw_launched {

@@ -207,8 +207,6 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], u64 desc_a,
 #undef MLA_WGMMA_256
 }
 
-
-
 /// d[64 x N] (f32, this thread's N / 2 values) += A[64 x 16] * B[16 x N] for a narrow N (16
 /// or 32), both from shared memory; B K-major; A K-major, or MN-major with TRANS_A. The
 /// narrow kernel's products, whose 64 rows are keys (S^T = K Q^T) or latent columns

@@ -16,16 +16,16 @@
  *   warpgroup 0: S0 (computed the step before) -> m0 = max(m, rowmax S0), O_0 *= 2^(m - m0),
  *                P0 to shared memory -> hand-over 1 -> O_0 += P0 V00 -> K0's first half is
  *                read: its copies of tile t0 + 2 -> hand-over 2 -> P0 *= 2^(m0 - m1) where
- *                a row's max moved -> hand-over 3 -> O_0 *= 2^(m0 - m1) -> hand-over 5 ->
+ *                a row's max moved -> hand-over 3 -> O_0 *= 2^(m0 - m1) -> hand-over 4 ->
  *                O_0 += P1 V10 and right behind it S0 of tile t0 + 2 over K0's first half ->
  *                K1's first half is read: its copies of tile t1 + 2 -> the rest of S0, chunk
  *                by chunk as it lands.
  *   warpgroup 1: hand-over 1 -> m1 = max(m0, rowmax S1) -> hand-over 2 -> P1 to shared
- *                memory -> hand-over 5 -> O_1 *= 2^(m - m1) -> hand-over 3 -> O_1 += P0 V01,
+ *                memory -> hand-over 4 -> O_1 *= 2^(m - m1) -> hand-over 3 -> O_1 += P0 V01,
  *                O_1 += P1 V11 -> K0's second half and rotary chunk (P0's place), then K1's
  *                second half and rotary chunk are read: their copies -> S1 of tile t1 + 2.
  * The hand-overs are mbarriers of 128 arrivals (the producing warpgroup's threads): 1 carries
- * m0 and 2^(m - m0), 2 m1 and 2^(m0 - m1), 5 P1, 3 the rescaled P0. Both warpgroups' outputs
+ * m0 and 2^(m - m0), 2 m1 and 2^(m0 - m1), 3 the rescaled P0, 4 P1. Both warpgroups' outputs
  * and row sums are relative to the same running max (in shared memory), so at the end the
  * two sums add and each warpgroup writes its columns. P is rounded at its own tile's running
  * max (P0 again where warpgroup 1's tile moved a row's max); the row sums keep the unrounded
@@ -76,7 +76,7 @@ constexpr int COLS = L / 2;              // output columns a warpgroup holds
 constexpr int CHUNK_BYTES = BN * 128;    // a chunk of a tile (or of q, or P), swizzled
 constexpr int TILE_BYTES = CHUNKS * CHUNK_BYTES;
 constexpr int STAT_BYTES = 5 * M * 4;    // running max, the two rescales, the two row sums
-constexpr int BAR_BYTES = (2 * CHUNKS + 5) * 8;  // a chunk's of each stage, the hand-overs
+constexpr int BAR_BYTES = (2 * CHUNKS + 5) * 8;  // a chunk's of each stage, 4 hand-overs, the sums'
 constexpr int ALIGN = 1024;
 constexpr float LN2 = 0.69314718055994530942f;
 
@@ -95,10 +95,10 @@ struct Smem {
     __device__ u32 scale1(int r) const { return max(2 * M + r); }             // 2^(m0 - m1)
     __device__ u32 sums(int wg, int r) const { return max((3 + wg) * M + r); }
     __device__ u32 bar(int st, int c) const { return max(5 * M) + 8 * (st * CHUNKS + c); }
-    /// Hand-over k's mbarrier (1, 2, 3, 5: see the file's note; 128 arrivals a phase), and 4:
-    /// the row sums' exchange at the end (256 arrivals).
+    /// Hand-over k's mbarrier (1 .. 4: see the file's note; 128 arrivals a phase).
     __device__ u32 hand(int k) const { return bar(2, k - 1); }
-
+    /// The row sums' exchange at the end (256 arrivals).
+    __device__ u32 sums_ready() const { return bar(2, 4); }
     /// The same addresses, computed afresh where they are used (see the file's note).
     __device__ Smem fresh() const { return Smem{opaque_u32(base)}; }
 };
@@ -157,7 +157,7 @@ __device__ __forceinline__ void issue(const TmaParams& tp, const Smem& sm, int s
     }
 }
 
-/// S = Q K^T (S += from a C0 above 0 on) over chunks [C0, C1) of stage `st`, each as its
+/// S = Q K^T over chunks [C0, C1) of stage `st` (added to S unless C0 is 0), each as its
 /// copies land (`parity`: the stage's use count % 2), in the caller's commit group.
 template <int C0, int C1>
 __device__ __forceinline__ void scores(float (&s)[32], const Smem& sm, int st, u32 parity) {
@@ -358,10 +358,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
         for (int st = 0; st < 2; ++st) {
             for (int c = 0; c < CHUNKS; ++c) mbar_init(sm0.bar(st, c), 1);
         }
-        for (int k = 1; k <= 5; ++k) {
-            if (k != 4) mbar_init(sm0.hand(k), 128);
-        }
-        mbar_init(sm0.hand(4), THREADS);
+        for (int k = 1; k <= 4; ++k) mbar_init(sm0.hand(k), 128);
+        mbar_init(sm0.sums_ready(), THREADS);
 
         mbar_fence_init();
     }
@@ -443,7 +441,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
                     zero_outside(sm.k(1), 0, first + BN, keys, wt);
                     named_barrier(1, 128);
                 }
-                mbar_wait(sm.hand(5), parity);  // P1
+                mbar_wait(sm.hand(4), parity);  // P1
                 pv(o, sm.p(1), sm.k(1));
                 // One branch holds the next scores whole: a branch that a wgmma is in flight
                 // across, on one side of it only, makes ptxas serialize every wgmma of the
@@ -481,7 +479,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
                 exponentiate(s, sc, m, l, sm.p(1), first + BN, in1, keys, r0, lane);
                 if (!in1) zero_outside(sm.k(1), HALF, first + BN, keys, wt);
                 fence_proxy_async();      // P1 (and the zeros) for the wgmma
-                mbar_arrive(sm.hand(5));  // P1
+                mbar_arrive(sm.hand(4));  // P1
                 rescale(o, a[0], a[1]);
                 named_barrier(2, 128);          // P1 and this warpgroup's zeros, for its own products
                 mbar_wait(sm.hand(3), parity);  // P0, relative to m1
@@ -527,8 +525,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
     // Every thread's sums written: an mbarrier, not __syncthreads, whose ordering of these
     // writes compute-sanitizer's racecheck did not follow after the warpgroups' mbarrier
     // hand-overs (NOTES.md).
-    mbar_arrive(sm.hand(4));
-    mbar_wait(sm.hand(4), 0);
+    mbar_arrive(sm.sums_ready());
+    mbar_wait(sm.sums_ready(), 0);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = r0 + 8 * h, head = head0 + r;

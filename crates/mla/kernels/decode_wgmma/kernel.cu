@@ -47,8 +47,7 @@
  *                  the scores on fp8 wgmma (m64n64k32) from q's codes and the raw stage, both
  *                  in the 64-byte swizzle; each warpgroup converts the V columns of its P V
  *                  to f16, warpgroup 0 between its score wgmma (VHalf); in the packed and
- *                  scheduled variants, and with MLA_EXP_V_ONE_WG, warpgroup 1 converts all
- *                  of V beside the scores
+ *                  scheduled variants warpgroup 1 converts all of V beside the scores
  *   MLA_PACK       1: the CTA's rows are `tokens_per_cta` tokens x heads, each masked to its own
  *                  keys; 0: one token's 64 heads (tokens_per_cta must be 1), whose keys are the
  *                  CTA's (fewer registers and no division in the q loader)
@@ -87,12 +86,8 @@ constexpr bool QFP8 = MLA_QFP8 != 0;
 constexpr bool Q_TO_F16 = BF16 && FP8 && !QFP8;
 // The fp8-query mode: each warpgroup converts the V columns its P V reads (VHalf), or
 // warpgroup 1 all of V: the packed and scheduled variants, which have no registers left
-// for it (they would spill), and MLA_EXP_V_ONE_WG, the first version, kept for comparison.
-#if defined(MLA_EXP_V_ONE_WG) || MLA_PACK || MLA_SCHED
-constexpr bool V_OWN_HALF = false;
-#else
-constexpr bool V_OWN_HALF = true;
-#endif
+// for it (they would spill).
+constexpr bool V_OWN_HALF = !MLA_PACK && !MLA_SCHED;
 constexpr bool PACK = MLA_PACK != 0;      // rows of several query tokens
 constexpr int KV_ELEM = FP8 ? 1 : 2;      // bytes per cache element
 constexpr int KEY_PIECES = D * KV_ELEM / 16;  // 16-byte pieces per cache row
@@ -485,9 +480,9 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
             __syncthreads();
         }
         if (QFP8 && wg == 1) {
-            // The scores read the raw stage: V's columns of warpgroup 1 (all of V in the
-            // first version) convert beside them, published for P V by the barrier after the
-            // softmax.
+            // The scores read the raw stage: V's columns of warpgroup 1 (all of V where
+            // warpgroup 0 converts none) convert beside them, published for P V by the
+            // barrier after the softmax.
             if (V_OWN_HALF) {
                 convert_tile<THREADS / 2, L / 16>(sm, st, k_scale, lt, L / 16);
             } else {

@@ -119,7 +119,7 @@ pub const BLOCK_N: usize = splits::TILE;
 pub const WGMMA_TILE: usize = splits::WGMMA_ROWS;
 /// As shipped, the seesaw kernel takes the decodes of more than [`WGMMA_TILE`] heads (each
 /// tile of keys then serves two CTAs from L2, and the tensor cores set the pace) cut into at
-/// most this many splits: there it beats the wgmma kernel (5% to 8% on 1 split, even on 2),
+/// most this many splits: there it beats the wgmma kernel (5% to 6% on 1 split, 1% on 2),
 /// where on more splits a CTA's few steps pay its longer start (BENCHMARKS.md, the eighth
 /// session).
 pub const SEESAW_MAX_SPLITS: usize = 2;
@@ -288,9 +288,9 @@ impl Variant {
             Family::DecodeSeesaw => {
                 // 1024 bytes of alignment slack, q and two stages (64 x D each; P0 takes
                 // the first stage's rotary chunk), P1 (64 x 64), five rows of 64 floats (the
-                // running max, two rescales, two row sums), an mbarrier a chunk of each stage
-                // one for each of the four hand-overs between the warpgroups and one for the row sums'
-                // exchange at the end.
+                // running max, two rescales, two row sums), and mbarriers: one a chunk of each
+                // stage, one for each of the four hand-overs between the warpgroups and one for
+                // the row sums' exchange at the end.
                 let t = WGMMA_TILE;
                 let d = self.kv_lora_rank + self.rope_dim;
                 return 1024 + 3 * t * d * 2 + t * t * 2 + 5 * t * 4 + (2 * (d / 64) + 5) * 8;
@@ -561,15 +561,13 @@ pub struct Stage1 {
     /// The kernel of few-head multi-token decodes that do not pack into the wgmma tile, on
     /// pages it tiles ([`splits::tma_pages`]).
     pub narrow: Option<Variant>,
-    /// Whether single-token decodes take the narrow kernel too (`MLA_KERNEL=narrow`).
-    pub narrow_everywhere: bool,
     /// The kernel of the decodes that take one query token a CTA (instead of `decode`), on
     /// pages it tiles, for more than [`WGMMA_TILE`] heads (every head count when forced);
     /// none on a decoder that schedules on the device (it has no scheduled variant).
     pub seesaw: Option<Variant>,
-    /// Whether the seesaw kernel takes every split count (`MLA_KERNEL=seesaw`), not only up
-    /// to [`SEESAW_MAX_SPLITS`].
-    pub seesaw_everywhere: bool,
+    /// The family asked for: `MLA_KERNEL=narrow` also gives the narrow kernel single-token
+    /// decodes, `MLA_KERNEL=seesaw` gives the seesaw kernel every split count.
+    pub choice: KernelChoice,
 }
 
 impl Stage1 {
@@ -589,7 +587,6 @@ impl Stage1 {
             .flatten()
             .map(|v| Variant { packed: true, ..v });
         // Auto: where two tokens fit next to the heads; forced: wherever the heads fit.
-        let narrow_everywhere = choice == KernelChoice::Narrow;
         let narrow_heads = match choice {
             KernelChoice::Narrow => splits::NARROW_ROWS,
             KernelChoice::Auto | KernelChoice::Seesaw => splits::NARROW_ROWS / 2,
@@ -600,9 +597,11 @@ impl Stage1 {
         let narrow = (wgmma && heads <= narrow_heads && !shape.fp8_query)
             .then(|| narrow_variant(shape, smem_limit))
             .flatten();
-        let seesaw_everywhere = choice == KernelChoice::Seesaw;
-        let seesaw_heads =
-            seesaw_everywhere || (choice == KernelChoice::Auto && heads > WGMMA_TILE);
+        let seesaw_heads = match choice {
+            KernelChoice::Seesaw => true,
+            KernelChoice::Auto => heads > WGMMA_TILE,
+            KernelChoice::Mma | KernelChoice::Wgmma | KernelChoice::Narrow => false,
+        };
         let seesaw = (wgmma && seesaw_heads)
             .then(|| seesaw_variant(shape, smem_limit))
             .flatten();
@@ -610,9 +609,8 @@ impl Stage1 {
             decode,
             packed,
             narrow,
-            narrow_everywhere,
             seesaw,
-            seesaw_everywhere,
+            choice,
         })
     }
 
@@ -634,13 +632,13 @@ impl Stage1 {
         if let (Some(w), Some(tokens)) = (self.packed, splits::packing(heads, query_len)) {
             return (w, tokens);
         }
-        let tokens = if self.narrow_everywhere {
+        let tokens = if self.choice == KernelChoice::Narrow {
             splits::narrow_fit(heads, query_len)
         } else {
             splits::narrow_tokens(heads, query_len)
         };
         let tiles = splits::tma_pages(page_size);
-        let few_splits = self.seesaw_everywhere || splits <= SEESAW_MAX_SPLITS;
+        let few_splits = self.choice == KernelChoice::Seesaw || splits <= SEESAW_MAX_SPLITS;
         match (self.narrow, tokens, self.seesaw) {
             (Some(n), Some(tokens), _) if tiles => (n, tokens),
             (_, _, Some(s)) if tiles && few_splits => (s, 1),
