@@ -269,7 +269,7 @@ fn measure(case: &Case, backend: BackendArg, iters: usize, seed: u64) -> mla::Re
     Ok(Measured {
         case: case.clone(),
         backend: dec.backend_name(),
-        kernel: dec.kernel_name(case.query_len, case.page, timed.plan.num_kv_splits),
+        kernel: dec.kernel_name(&timed.plan),
         device: dec.device().to_string(),
         num_kv_splits: timed.plan.num_kv_splits,
         iters,

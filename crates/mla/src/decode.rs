@@ -87,25 +87,17 @@ impl MlaDecode {
         self.backend.name()
     }
 
-    /// What computes stage 1 of a decode of `query_len` tokens a request over pages of
-    /// `page_size` keys, cut into `num_kv_splits` splits (its plan's): `cpu`, or the CUDA
-    /// kernel's entry point (`mla_decode_split` for the mma.sync family; on Hopper
-    /// `mla_decode_wgmma`, which few-head multi-token decodes also take, `mla_decode_narrow`
-    /// for up to 16 heads and `mla_decode_seesaw` for more than 64 heads on few splits), so
-    /// that a measurement can say which kernel it timed.
-    pub fn kernel_name(
-        &self,
-        query_len: usize,
-        page_size: usize,
-        num_kv_splits: usize,
-    ) -> &'static str {
+    /// What computes stage 1 of a planned decode: `cpu`, or the CUDA kernel's entry point
+    /// (`mla_decode_split` for the mma.sync family; on Hopper `mla_decode_wgmma`, which
+    /// few-head multi-token decodes also take, `mla_decode_narrow` for up to 16 heads and
+    /// `mla_decode_seesaw` for more than 64 heads on long splits), so that a measurement can
+    /// say which kernel it timed.
+    pub fn kernel_name(&self, plan: &DecodePlan) -> &'static str {
         #[cfg(feature = "cuda")]
-        if let Some(v) = self.cuda_backend().and_then(|c| {
-            c.decode_variant(self.config.q_heads, query_len, page_size, num_kv_splits)
-        }) {
+        if let Some(v) = self.cuda_backend().and_then(|c| c.decode_variant(plan)) {
             return v.family.entry();
         }
-        let _ = (query_len, page_size, num_kv_splits);
+        let _ = plan;
         self.backend.name()
     }
 

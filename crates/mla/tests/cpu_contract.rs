@@ -63,6 +63,29 @@ fn sliding_window_rows() {
 }
 
 #[test]
+fn a_plan_knows_the_keys_of_its_longest_split() {
+    // The longest length, cut by the window, over the split count (rounded up): the Hopper
+    // backend picks its many-head kernel by it.
+    for (window, splits, want) in [
+        (None, 1, 1000),
+        (None, 3, 334),
+        (Some(100), 3, 34),
+        (Some(5000), 7, 143),
+    ] {
+        let mut case = Case::new(spec(4, 16, &[1000, 10, 0], 1, Mask::Causal));
+        case.window = window;
+        case.fixed_splits = Some(splits);
+        let r = run_case(&case, Device::Cpu);
+        assert_eq!(
+            (r.num_kv_splits, r.split_keys),
+            (splits, want),
+            "{window:?}"
+        );
+        assert_accurate(&case, r.accuracy);
+    }
+}
+
+#[test]
 fn many_splits_with_empty_ones() {
     // 40000 keys -> 128 splits; the 8-key and 1-key rows leave most of theirs empty.
     let mut case = Case::new(spec(4, 3, &[8, 40_000, 1], 1, Mask::Causal));

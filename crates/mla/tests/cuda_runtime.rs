@@ -189,14 +189,15 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
     // request and the wgmma kernel, tokens packed, for two or more (warmup builds both); 8
     // heads x 2 tokens with a bf16 cache take the narrow kernel (and mma.sync is built for
     // pages it does not tile); 128 heads with a bf16 cache also build the seesaw kernel, which
-    // takes the decode where it has at most SEESAW_MAX_SPLITS splits (70 requests: one).
+    // takes the decode where a split holds at least SEESAW_MIN_SPLIT_KEYS keys (40 requests of
+    // 1100 keys: one split each; 2 requests take many short splits).
     // MLA_KERNEL=mma|wgmma|narrow|seesaw forces a family (the seesaw kernel: single tokens
     // with a cache in the model dtype on any split count, unless the decoder schedules).
     let two = [1000, 37];
-    let seventy = [300; 70];
+    let forty = [1100; 40];
     for (heads, kv, dtype, q_len, lengths) in [
         (128, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..]),
-        (128, KvFormat::Bf16, CacheDtype::Auto, 1, &seventy[..]),
+        (128, KvFormat::Bf16, CacheDtype::Auto, 1, &forty[..]),
         (64, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..]),
         (16, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..]),
         (16, KvFormat::Bf16, CacheDtype::Auto, 4, &two[..]),
@@ -212,7 +213,7 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         let st = gpu::stream(&dec);
         let p = Problem::generate(&case.spec).unwrap();
         let dp = p.to_device(&st).unwrap();
-        dec.reserve_workspace(lengths.len() * q_len, 1000).unwrap();
+        dec.reserve_workspace(lengths.len() * q_len, 1100).unwrap();
         dec.register_decode_warmup(&dp.inputs(&p, false).unwrap().kv_cache, dtype)
             .unwrap();
         let cuda = dec.cuda_backend().unwrap();
@@ -261,9 +262,9 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         let seesaw_launched = seesaw_built
             && !packs
             && !narrow_launched
-            && (forced == "seesaw" || splits <= registry::SEESAW_MAX_SPLITS);
+            && (forced == "seesaw" || run.plan.split_keys() >= registry::SEESAW_MIN_SPLIT_KEYS);
         // The case that is there for it does take it.
-        assert!(seesaw_launched || !(seesaw_built && lengths == seventy.as_slice()));
+        assert!(seesaw_launched || !(seesaw_built && lengths == forty.as_slice()));
         let launched = if narrow_launched {
             Family::DecodeNarrow
         } else if seesaw_launched {
@@ -274,7 +275,7 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
             Family::DecodeMma
         };
         assert_eq!(
-            dec.kernel_name(q_len, 64, splits),
+            dec.kernel_name(&run.plan),
             launched.entry(),
             "{heads} heads x {} requests, {kv:?}, {splits} splits",
             lengths.len()
@@ -311,10 +312,9 @@ fn the_configuration_turns_the_device_schedule_on() {
         gpu::assert_close(&case, &run);
         // The narrow kernel (MLA_KERNEL=narrow at 16 heads) has no scheduled variant (the
         // seesaw kernel, MLA_KERNEL=seesaw, gives way to the decoder's own on the schedule).
-        let splits = run.plan.num_kv_splits;
-        let narrow = dec.kernel_name(1, 64, splits) == Family::DecodeNarrow.entry();
+        let narrow = dec.kernel_name(&run.plan) == Family::DecodeNarrow.entry();
         let expected = env.unwrap_or(asked) && !narrow;
-        let seesaw = dec.kernel_name(1, 64, splits) == Family::DecodeSeesaw.entry();
+        let seesaw = dec.kernel_name(&run.plan) == Family::DecodeSeesaw.entry();
         assert!(
             !(seesaw && expected),
             "the seesaw kernel launched on the schedule"

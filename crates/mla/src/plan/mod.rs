@@ -85,6 +85,9 @@ pub struct DecodePlan {
     pub q_scale: f32,
     /// Splits per row (the configuration's rule, 1 in batch-invariant mode).
     pub num_kv_splits: usize,
+    /// The most keys a row's splits cover: the batch's longest length (or the bound that
+    /// stands in for it), within the window. The split rule's input.
+    pub max_span: usize,
     /// q geometry.
     pub q: QueryLayout,
     /// Cache geometry.
@@ -112,6 +115,12 @@ impl DecodePlan {
     /// Row width D = L + R.
     pub fn head_dim(&self) -> usize {
         self.kv_lora_rank + self.rope_dim
+    }
+
+    /// The most keys one split holds ([`max_span`](Self::max_span) over the split count):
+    /// what decides between the Hopper kernels for many heads.
+    pub fn split_keys(&self) -> usize {
+        self.max_span.div_ceil(self.num_kv_splits.max(1))
     }
 
     /// Keys row `row` sees, from its request's length.
@@ -333,6 +342,7 @@ impl DecodePlan {
             fp8_query: cfg.fp8_query,
             q_scale,
             num_kv_splits,
+            max_span: cfg.span(max_seq),
             q,
             kv: CacheLayout {
                 num_blocks,

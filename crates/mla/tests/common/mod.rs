@@ -131,6 +131,8 @@ pub fn cache_dtype(kv: KvFormat) -> mla::CacheDtype {
 pub struct Checked {
     pub accuracy: Accuracy,
     pub num_kv_splits: usize,
+    /// The plan's keys of its longest split (`DecodePlan::split_keys`).
+    pub split_keys: usize,
     pub outputs: Outputs,
 }
 
@@ -151,6 +153,7 @@ pub fn run_case(case: &Case, device: Device) -> Checked {
     Checked {
         accuracy,
         num_kv_splits: plan.num_kv_splits,
+        split_keys: plan.split_keys(),
         outputs: out,
     }
 }

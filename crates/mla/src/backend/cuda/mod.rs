@@ -282,18 +282,9 @@ impl CudaBackend {
         }
     }
 
-    /// The stage-1 kernel a decode of `query_len` tokens a request over `heads` heads and
-    /// pages of `page_size` keys, cut into `splits` splits, launches (None before the
-    /// backend is configured).
-    pub fn decode_variant(
-        &self,
-        heads: usize,
-        query_len: usize,
-        page_size: usize,
-        splits: usize,
-    ) -> Option<Variant> {
-        self.chosen
-            .map(|k| k.stage1.launch(heads, query_len, page_size, splits).0)
+    /// The stage-1 kernel a planned decode launches (None before the backend is configured).
+    pub fn decode_variant(&self, plan: &DecodePlan) -> Option<Variant> {
+        self.chosen.map(|k| k.stage1.launch_for(plan).0)
     }
 
     fn chosen(&self) -> Result<ConfigKernels> {
@@ -479,12 +470,7 @@ impl CudaBackend {
         if !fits_i32 {
             return Err(too_big(plan));
         }
-        let (decode, tokens) = k.stage1.launch(
-            plan.heads,
-            plan.query_len,
-            plan.kv.page_size,
-            plan.num_kv_splits,
-        );
+        let (decode, tokens) = k.stage1.launch_for(plan);
         let params = DecodeParams::new(plan, &ptr, tokens);
         // The plan has scheduled views only where this backend schedules (`schedules`).
         if let Some(views) = plan.schedule_workspace

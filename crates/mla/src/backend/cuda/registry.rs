@@ -9,7 +9,7 @@ use std::fmt;
 
 use crate::dtype::{KvFormat, ModelDtype};
 use crate::plan::schedule::{MIN_BLOCKS, SEGMENT_COST};
-use crate::plan::splits;
+use crate::plan::{DecodePlan, splits};
 
 /// Every kernel source, by the name the `#include` lines use.
 pub const HEADERS: [(&str, &str); 9] = [
@@ -118,11 +118,11 @@ pub const BLOCK_N: usize = splits::TILE;
 /// Rows (heads x packed tokens) per CTA and keys per tile of the wgmma kernel.
 pub const WGMMA_TILE: usize = splits::WGMMA_ROWS;
 /// As shipped, the seesaw kernel takes the decodes of more than [`WGMMA_TILE`] heads (each
-/// tile of keys then serves two CTAs from L2, and the tensor cores set the pace) cut into at
-/// most this many splits: there it beats the wgmma kernel (5% to 6% on 1 split, 1% on 2),
-/// where on more splits a CTA's few steps pay its longer start (BENCHMARKS.md, the eighth
-/// session).
-pub const SEESAW_MAX_SPLITS: usize = 2;
+/// tile of keys then serves two CTAs from L2, and the tensor cores set the pace) whose splits
+/// hold at least this many keys (8 of its steps of two tiles): there it beats the wgmma
+/// kernel by 2% to 6%, where on 512 keys a split the wgmma kernel is 1% faster, a CTA's few
+/// steps paying the seesaw's longer start (BENCHMARKS.md, the ninth session).
+pub const SEESAW_MIN_SPLIT_KEYS: usize = 1024;
 
 /// The fewest heads (rows of a CTA, tokens packed) for which the wgmma kernel is chosen
 /// ([`splits::WGMMA_MIN_ROWS`], where the split rule's model of the grids needs it too).
@@ -615,19 +615,20 @@ impl Stage1 {
     }
 
     /// The kernel a decode of `query_len` tokens a request over pages of `page_size` keys,
-    /// cut into `splits` splits, launches, and the tokens each of its CTAs takes: the packed
-    /// kernel where the tokens pack ([`splits::packing`]: the packed rows reach
-    /// [`WGMMA_MIN_HEADS`], the rule that picks wgmma for single tokens), else the narrow
-    /// kernel where two or more tokens fit it next to the heads and it tiles the pages
+    /// whose longest split holds `split_keys` keys, launches, and the tokens each of its CTAs
+    /// takes: the packed kernel where the tokens pack ([`splits::packing`]: the packed rows
+    /// reach [`WGMMA_MIN_HEADS`], the rule that picks wgmma for single tokens), else the
+    /// narrow kernel where two or more tokens fit it next to the heads and it tiles the pages
     /// ([`splits::narrow_tokens`]; with `MLA_KERNEL=narrow`, single tokens too), else the
-    /// seesaw kernel where the decoder has it, it tiles the pages and the splits are at most
-    /// [`SEESAW_MAX_SPLITS`] (any count with `MLA_KERNEL=seesaw`), else the decoder's own.
+    /// seesaw kernel where the decoder has it, it tiles the pages and a split holds at least
+    /// [`SEESAW_MIN_SPLIT_KEYS`] keys (any split with `MLA_KERNEL=seesaw`), else the
+    /// decoder's own.
     pub fn launch(
         &self,
         heads: usize,
         query_len: usize,
         page_size: usize,
-        splits: usize,
+        split_keys: usize,
     ) -> (Variant, usize) {
         if let (Some(w), Some(tokens)) = (self.packed, splits::packing(heads, query_len)) {
             return (w, tokens);
@@ -638,12 +639,23 @@ impl Stage1 {
             splits::narrow_tokens(heads, query_len)
         };
         let tiles = splits::tma_pages(page_size);
-        let few_splits = self.choice == KernelChoice::Seesaw || splits <= SEESAW_MAX_SPLITS;
+        let long_splits =
+            self.choice == KernelChoice::Seesaw || split_keys >= SEESAW_MIN_SPLIT_KEYS;
         match (self.narrow, tokens, self.seesaw) {
             (Some(n), Some(tokens), _) if tiles => (n, tokens),
-            (_, _, Some(s)) if tiles && few_splits => (s, 1),
+            (_, _, Some(s)) if tiles && long_splits => (s, 1),
             _ => (self.decode, 1),
         }
+    }
+
+    /// [`launch`](Self::launch) for a planned decode.
+    pub fn launch_for(&self, plan: &DecodePlan) -> (Variant, usize) {
+        self.launch(
+            plan.heads,
+            plan.query_len,
+            plan.kv.page_size,
+            plan.split_keys(),
+        )
     }
 
     /// Every stage-1 kernel the decoder can launch.
@@ -985,10 +997,10 @@ mod tests {
         let choose = |heads, wgmma, choice| {
             Stage1::choose(heads, bf16(KvFormat::Bf16), 232_448, wgmma, choice).unwrap()
         };
-        // (family, packed variant, tokens a CTA) a decode over pages of 64 keys in more
-        // splits than the seesaw kernel takes launches.
+        // (family, packed variant, tokens a CTA) a decode over pages of 64 keys in splits
+        // shorter than the seesaw kernel takes launches.
         let launch = |s: Stage1, heads, q| {
-            let (v, t) = s.launch(heads, q, 64, SEESAW_MAX_SPLITS + 1);
+            let (v, t) = s.launch(heads, q, 64, SEESAW_MIN_SPLIT_KEYS - 1);
             (v.family, v.packed, t)
         };
         let (w, m, n) = (Family::DecodeWgmma, Family::DecodeMma, Family::DecodeNarrow);
@@ -1069,7 +1081,7 @@ mod tests {
     }
 
     #[test]
-    fn the_seesaw_kernel_takes_many_heads_on_few_splits_and_anything_forced_on_pages_it_tiles() {
+    fn the_seesaw_kernel_takes_many_heads_on_long_splits_and_anything_forced_on_pages_it_tiles() {
         use KernelChoice::{Auto, Mma, Narrow, Seesaw, Wgmma};
         let choose = |heads, kv, wgmma, choice| {
             Stage1::choose(heads, bf16(kv), 232_448, wgmma, choice).unwrap()
@@ -1081,7 +1093,7 @@ mod tests {
         );
         // MLA_KERNEL=seesaw: every head count's single tokens, and multi-token rows that
         // neither pack into the wgmma tile nor take the narrow kernel, one token a CTA, on
-        // any split count.
+        // any split length.
         for (heads, q, want) in [
             (128, 1, (s, 1)),
             (128, 4, (s, 1)),
@@ -1092,28 +1104,37 @@ mod tests {
             (16, 4, (w, 4)), // packed: one read of the keys for 4 tokens
             (8, 2, (n, 2)),  // the narrow kernel's 16 rows
         ] {
-            for splits in [1, 2, 3, 64] {
+            for split_keys in [1, 64, 1023, 1024, 100_000] {
                 let (v, t) =
-                    choose(heads, KvFormat::Bf16, true, Seesaw).launch(heads, q, 64, splits);
-                assert_eq!((v.family, t), want, "{heads} heads x {q}, {splits} splits");
+                    choose(heads, KvFormat::Bf16, true, Seesaw).launch(heads, q, 64, split_keys);
+                assert_eq!(
+                    (v.family, t),
+                    want,
+                    "{heads} heads x {q}, {split_keys} keys a split"
+                );
             }
         }
-        // As shipped: more than 64 heads (two CTAs share each tile of keys) on at most
-        // SEESAW_MAX_SPLITS splits; the wgmma kernel on more splits and at 64 heads or fewer
-        // (the mma kernel at 16 or fewer).
-        for (heads, q, splits, want) in [
-            (128, 1, 1, s),
-            (128, 1, 2, s),
-            (128, 2, 1, s),
-            (65, 1, 1, s),
-            (128, 1, 3, w),
-            (128, 1, 40, w),
-            (64, 1, 1, w),
-            (32, 1, 1, w),
-            (16, 1, 1, Family::DecodeMma),
+        // As shipped: more than 64 heads (two CTAs share each tile of keys) on splits of at
+        // least SEESAW_MIN_SPLIT_KEYS keys; the wgmma kernel on shorter splits and at 64 heads
+        // or fewer (the mma kernel at 16 or fewer).
+        let long = SEESAW_MIN_SPLIT_KEYS;
+        for (heads, q, split_keys, want) in [
+            (128, 1, long, s),
+            (128, 1, 32_768, s),
+            (128, 2, long, s),
+            (65, 1, long, s),
+            (128, 1, long - 1, w),
+            (128, 1, 512, w),
+            (128, 1, 1, w),
+            (64, 1, long, w),
+            (32, 1, long, w),
+            (16, 1, long, Family::DecodeMma),
         ] {
-            let (v, _) = choose(heads, KvFormat::Bf16, true, Auto).launch(heads, q, 64, splits);
-            assert_eq!(v.family, want, "{heads} heads x {q}, {splits} splits");
+            let (v, _) = choose(heads, KvFormat::Bf16, true, Auto).launch(heads, q, 64, split_keys);
+            assert_eq!(
+                v.family, want,
+                "{heads} heads x {q}, {split_keys} keys a split"
+            );
         }
         // Pages it does not tile take the decoder's own kernel.
         for (page, want) in [
@@ -1127,7 +1148,7 @@ mod tests {
             (1, w),
         ] {
             for choice in [Seesaw, Auto] {
-                let (v, _) = choose(128, KvFormat::Bf16, true, choice).launch(128, 1, page, 1);
+                let (v, _) = choose(128, KvFormat::Bf16, true, choice).launch(128, 1, page, long);
                 assert_eq!(v.family, want, "page {page}, {choice:?}");
             }
         }
@@ -1145,7 +1166,7 @@ mod tests {
         ] {
             let stage1 = choose(128, kv, hopper, choice);
             assert_eq!(stage1.seesaw, None, "{kv:?} {hopper} {choice:?}");
-            assert_ne!(stage1.launch(128, 1, 64, 1).0.family, s);
+            assert_ne!(stage1.launch(128, 1, 64, long).0.family, s);
         }
         let v = choose(128, KvFormat::Bf16, true, Seesaw).seesaw.unwrap();
         assert!(
