@@ -80,12 +80,14 @@ if has tests; then
   note "sass: $(wc -l < "$out/sass.txt" 2>/dev/null || echo 0) cubins with HGMMA"
 fi
 
-# A kernel variant under trial (MLA_TRY_DEFINES: the -D defines that switch it on), on the wgmma kernel:
-# its tests. Only a trial whose tests passed (try_ok) joins the sanitizer and ablate steps
-# (`run.sh try memcheck racecheck ablate`): an untested one may hang.
+# A kernel variant under trial (MLA_TRY_DEFINES: the -D defines that switch it on), on the
+# family MLA_TRY_KERNEL forces (default wgmma; e.g. seesaw): its tests, each under
+# MLA_TRY_LIMIT seconds (default 40: a trial may hang). Only a trial whose tests passed
+# (try_ok) joins the sanitizer and ablate steps (`run.sh try memcheck racecheck ablate`).
+try_kernel=${MLA_TRY_KERNEL:-wgmma}
 try_ok=0
 if [[ " $steps " == *" try "* ]] && [ -n "${MLA_TRY_DEFINES:-}" ]; then
-  for t in cuda_contract cuda_runtime cuda_sanitize; do run_test $t wgmma "$MLA_TRY_DEFINES"; done
+  for t in cuda_contract cuda_runtime cuda_sanitize; do run_test $t "$try_kernel" "$MLA_TRY_DEFINES"; done
   [ "$try_failed" = 0 ] && try_ok=1
 fi
 
@@ -96,7 +98,7 @@ fi
 # to a file, read back in order.
 sanitize_one() {  # TOOL K: one run, its summary line into $out/note-sanitizer-TOOL-K.txt
   local tool=$1 k=$2 defs="" kernel=$2 sched=0 lim=$limit rc
-  if [ "$k" = try ]; then defs=$MLA_TRY_DEFINES; kernel=wgmma; lim=${MLA_TRY_LIMIT:-40}; fi
+  if [ "$k" = try ]; then defs=$MLA_TRY_DEFINES; kernel=$try_kernel; lim=${MLA_TRY_LIMIT:-40}; fi
   if [[ "$k" == scheduled-* ]]; then kernel=${k#scheduled-}; sched=1; fi
   local log="$out/sanitizer-$tool${k:+-$k}.log"
   MLA_SCHEDULE=$sched MLA_KERNEL=$kernel MLA_EXTRA_DEFINES=$defs timeout "$lim" compute-sanitizer --tool "$tool" \
