@@ -184,6 +184,7 @@ fn bad_values_raise_the_device_flag_and_are_never_read() {
 
 #[test]
 fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
+    use registry::KernelChoice::{Auto, Mma, Narrow, Seesaw, Wgmma};
     // What warmup builds and what each decode launches on this device. On sm_90a, 64 and 128
     // heads take the wgmma kernel whatever the cache; 16 heads take mma.sync for one token a
     // request and the wgmma kernel, tokens packed, for two or more (warmup builds both); 8
@@ -223,27 +224,26 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
             cuda.target().arch
         );
         let hopper = cuda.target().wgmma();
-        let forced = std::env::var("MLA_KERNEL").unwrap_or_default();
+        let choice = registry::KernelChoice::from_env();
         let many = heads >= registry::WGMMA_MIN_HEADS;
         let packs = mla::plan::splits::packing(heads, q_len).is_some();
-        let (wgmma_built, mma_built, launches_wgmma) = match forced.as_str() {
-            "mma" => (false, true, false),
-            "wgmma" => (hopper, !hopper, hopper),
+        let (wgmma_built, mma_built, launches_wgmma) = match choice {
+            Mma => (false, true, false),
+            Wgmma => (hopper, !hopper, hopper),
             // As shipped and with the narrow kernel forced (it runs where the wgmma one does
             // not).
             _ => (hopper, !(hopper && many), hopper && (many || packs)),
         };
         // The narrow kernel: built for up to 8 heads (16 when forced), launched for the
         // multi-token rows it packs (single tokens too when forced).
-        let narrow_heads = if forced == "narrow" { 16 } else { 8 };
+        let narrow_heads = if choice == Narrow { 16 } else { 8 };
         let narrow_built = hopper
-            && !matches!(forced.as_str(), "mma" | "wgmma")
+            && !matches!(choice, Mma | Wgmma)
             && heads <= narrow_heads
             && kv == KvFormat::Bf16;
-        let narrow_launched = narrow_built && !launches_wgmma && (q_len > 1 || forced == "narrow");
-        let auto = registry::KernelChoice::from_env() == registry::KernelChoice::Auto;
+        let narrow_launched = narrow_built && !launches_wgmma && (q_len > 1 || choice == Narrow);
         let seesaw_built = hopper
-            && (forced == "seesaw" || (auto && heads > registry::WGMMA_TILE))
+            && (choice == Seesaw || (choice == Auto && heads > registry::WGMMA_TILE))
             && kv == KvFormat::Bf16
             && !registry::schedule_from_env().unwrap_or(false);
         assert_eq!(families.contains(&Family::DecodeSeesaw), seesaw_built);
@@ -262,7 +262,7 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         let seesaw_launched = seesaw_built
             && !packs
             && !narrow_launched
-            && (forced == "seesaw" || run.plan.split_keys() >= registry::SEESAW_MIN_SPLIT_KEYS);
+            && (choice == Seesaw || run.plan.split_keys() >= registry::SEESAW_MIN_SPLIT_KEYS);
         // The case that is there for it does take it.
         assert!(seesaw_launched || !(seesaw_built && lengths == forty.as_slice()));
         let launched = if narrow_launched {

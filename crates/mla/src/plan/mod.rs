@@ -117,10 +117,15 @@ impl DecodePlan {
         self.kv_lora_rank + self.rope_dim
     }
 
-    /// The most keys one split holds ([`max_span`](Self::max_span) over the split count):
-    /// what decides between the Hopper kernels for many heads.
+    /// The most keys one split holds: the first split of [`max_span`](Self::max_span) keys
+    /// cut as every row is ([`split_range`]). What decides between the Hopper kernels for
+    /// many heads.
     pub fn split_keys(&self) -> usize {
-        self.max_span.div_ceil(self.num_kv_splits.max(1))
+        let span = KeyRange {
+            start: 0,
+            end: self.max_span,
+        };
+        split_range(span, 0, self.num_kv_splits.max(1)).len()
     }
 
     /// Keys row `row` sees, from its request's length.

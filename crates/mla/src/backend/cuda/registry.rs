@@ -566,7 +566,7 @@ pub struct Stage1 {
     /// none on a decoder that schedules on the device (it has no scheduled variant).
     pub seesaw: Option<Variant>,
     /// The family asked for: `MLA_KERNEL=narrow` also gives the narrow kernel single-token
-    /// decodes, `MLA_KERNEL=seesaw` gives the seesaw kernel every split count.
+    /// decodes, `MLA_KERNEL=seesaw` gives the seesaw kernel splits of any length.
     pub choice: KernelChoice,
 }
 
