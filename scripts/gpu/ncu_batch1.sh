@@ -5,11 +5,8 @@
 #   scripts/gpu/ncu_batch1.sh ["KERNEL_REGEX bench-args; ..."]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-final=${OUT:-results}
-out=$(mktemp -d)
-mkdir -p "$final"
-export MLA_CACHE_DIR=${MLA_CACHE_DIR:-/tmp/mla-cache}
-if [ -d gpu-bin/cache ]; then mkdir -p "$MLA_CACHE_DIR" && cp -rn gpu-bin/cache/. "$MLA_CACHE_DIR"/; fi
+# shellcheck source=scripts/gpu/ncu_setup.sh
+. scripts/gpu/ncu_setup.sh
 IFS=';' read -ra cases <<< "${1:-mla_decode_split --heads 16 --ctx 64; mla_decode_wgmma --heads 128 --ctx 64; mla_decode_combine --heads 16 --ctx 8192; mla_decode_split --heads 16 --ctx 8192}"
 i=0
 for c in "${cases[@]}"; do

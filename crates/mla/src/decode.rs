@@ -90,7 +90,7 @@ impl MlaDecode {
     /// What computes stage 1 of a planned decode: `cpu`, or the CUDA kernel's entry point
     /// (`mla_decode_split` for the mma.sync family; on Hopper `mla_decode_wgmma`, which
     /// few-head multi-token decodes also take, `mla_decode_narrow` for up to 16 heads and
-    /// `mla_decode_seesaw` for more than 64 heads on long splits), so that a measurement can
+    /// `mla_decode_seesaw` from 16 heads on long splits), so that a measurement can
     /// say which kernel it timed.
     pub fn kernel_name(&self, plan: &DecodePlan) -> &'static str {
         #[cfg(feature = "cuda")]

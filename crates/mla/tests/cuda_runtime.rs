@@ -189,9 +189,10 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
     // heads take the wgmma kernel whatever the cache; 16 heads take mma.sync for one token a
     // request and the wgmma kernel, tokens packed, for two or more (warmup builds both); 8
     // heads x 2 tokens with a bf16 cache take the narrow kernel (and mma.sync is built for
-    // pages it does not tile); 128 heads with a bf16 cache also build the seesaw kernel, which
-    // takes the decode where a split holds at least SEESAW_MIN_SPLIT_KEYS keys (40 requests of
-    // 1100 keys: one split each; 2 requests take many short splits).
+    // pages it does not tile); 16 heads or more with a bf16 cache also build the seesaw kernel,
+    // which takes the decode where a split holds at least seesaw_min_split_keys(heads) keys
+    // (40 requests of 1100 keys at 128 heads: one split each; 2 requests take many short
+    // splits).
     // MLA_KERNEL=mma|wgmma|narrow|seesaw forces a family (the seesaw kernel: single tokens
     // with a cache in the model dtype on any split count, unless the decoder schedules).
     let two = [1000, 37];
@@ -243,7 +244,8 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
             && kv == KvFormat::Bf16;
         let narrow_launched = narrow_built && !launches_wgmma && (q_len > 1 || choice == Narrow);
         let seesaw_built = hopper
-            && (choice == Seesaw || (choice == Auto && heads > registry::WGMMA_TILE))
+            && (choice == Seesaw
+                || (choice == Auto && registry::seesaw_min_split_keys(heads).is_some()))
             && kv == KvFormat::Bf16
             && !registry::schedule_from_env().unwrap_or(false);
         assert_eq!(families.contains(&Family::DecodeSeesaw), seesaw_built);
@@ -262,7 +264,9 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         let seesaw_launched = seesaw_built
             && !packs
             && !narrow_launched
-            && (choice == Seesaw || run.plan.split_keys() >= registry::SEESAW_MIN_SPLIT_KEYS);
+            && (choice == Seesaw
+                || registry::seesaw_min_split_keys(heads)
+                    .is_some_and(|keys| run.plan.split_keys() >= keys));
         // The case that is there for it does take it.
         assert!(seesaw_launched || !(seesaw_built && lengths == forty.as_slice()));
         let launched = if narrow_launched {

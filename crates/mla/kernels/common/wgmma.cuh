@@ -207,6 +207,26 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], u64 desc_a,
 #undef MLA_WGMMA_256
 }
 
+/// d[64 x 256] (f32, this thread's 128 values) += A[64 x 16] * B[16 x 256], A from this thread's
+/// registers `a` (wgmma's A fragment: a[0] row r0, a[1] row r0 + 8, keys 2 (lane % 4) + 0, 1;
+/// a[2], a[3] the same rows 8 keys on: the m64n64 accumulator's pairs in order, packed), B MN-major
+/// (transposed) from shared memory. `a` must not change until the product is waited for.
+template <bool BF16>
+__device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const u32 (&a)[4], u64 desc_b, int accumulate) {
+#define MLA_WGMMA_256_RS(TYPE)                                                                    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                                 \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {"                \
+                 MLA_D128 "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"                   \
+                 : MLA_ACC128(d)                                                                  \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+    if (BF16) {
+        MLA_WGMMA_256_RS("bf16");
+    } else {
+        MLA_WGMMA_256_RS("f16");
+    }
+#undef MLA_WGMMA_256_RS
+}
+
 /// d[64 x N] (f32, this thread's N / 2 values) += A[64 x 16] * B[16 x N] for a narrow N (16
 /// or 32), both from shared memory; B K-major; A K-major, or MN-major with TRANS_A. The
 /// narrow kernel's products, whose 64 rows are keys (S^T = K Q^T) or latent columns

@@ -13,19 +13,22 @@
  * holds O's columns 256 w .. 256 w + 255 (O_w, 128 registers a thread). A step takes tiles
  * t0 (stage K0) and t1 = t0 + 1 (stage K1); S_i = Q K_i^T, P_i = 2^(S_i scale - m), V_i =
  * the first L columns of K_i, V_iw its columns of warpgroup w.
- *   warpgroup 0: S0 (computed the step before) -> m0 = max(m, rowmax S0), O_0 *= 2^(m - m0),
- *                P0 to shared memory -> hand-over 1 -> O_0 += P0 V00 -> K0's first half is
- *                read: its copies of tile t0 + 2 -> hand-over 2 -> P0 *= 2^(m0 - m1) where
- *                a row's max moved -> hand-over 3 -> O_0 *= 2^(m0 - m1) -> hand-over 4 ->
- *                O_0 += P1 V10 and right behind it S0 of tile t0 + 2 over K0's first half ->
- *                K1's first half is read: its copies of tile t1 + 2 -> the rest of S0, chunk
- *                by chunk as it lands.
- *   warpgroup 1: hand-over 1 -> m1 = max(m0, rowmax S1) -> hand-over 2 -> P1 to shared
- *                memory -> hand-over 4 -> O_1 *= 2^(m - m1) -> hand-over 3 -> O_1 += P0 V01,
- *                O_1 += P1 V11 -> K0's second half and rotary chunk (P0's place), then K1's
- *                second half and rotary chunk are read: their copies -> S1 of tile t1 + 2.
- * The hand-overs are mbarriers of 128 arrivals (the producing warpgroup's threads): 1 carries
- * m0 and 2^(m - m0), 2 m1 and 2^(m0 - m1), 3 the rescaled P0, 4 P1. Both warpgroups' outputs
+ *   warpgroup 0: S0 (computed the step before) -> m0 = max(m, rowmax S0) -> hand-over 1 ->
+ *                O_0 *= 2^(m - m0), P0 into registers -> O_0 += P0 V00 (P0 from registers)
+ *                -> K0's first half is read: its copies of tile t0 + 2 -> hand-over 2 -> P0
+ *                *= 2^(m0 - m1) where a row's max moved, to shared memory -> hand-over 3 ->
+ *                O_0 *= 2^(m0 - m1) -> hand-over 4 -> O_0 += P1 V10 and right behind it S0
+ *                of tile t0 + 2 over K0's first half -> K1's first half is read: its copies
+ *                of tile t1 + 2 -> the rest of S0, chunk by chunk as it lands.
+ *   warpgroup 1: hand-over 1 -> m1 = max(m0, rowmax S1) -> hand-over 2 -> P1 into registers
+ *                and to shared memory, O_1 *= 2^(m - m1) -> O_1 += P1 V11 (P1 from registers)
+ *                -> hand-over 3 -> O_1 += P0 V01 -> hand-over 4 -> K1's second half and
+ *                rotary chunk, then K0's second half and rotary chunk (P0's place) are read:
+ *                their copies -> S1 of tile t1 + 2, K1's second half first.
+ * This is FlashMLA's order (its wg0_subroutine and wg1_subroutine) but for the hand-over of m1
+ * before P1 is computed. The hand-overs are mbarriers of 128 arrivals (the producing
+ * warpgroup's threads): 1 carries m0 and 2^(m - m0), 2 m1 and 2^(m0 - m1), 3 the rescaled P0,
+ * 4 P1 (and that P0 V01 is in the tensor cores' queue ahead of P1 V10). Both warpgroups' outputs
  * and row sums are relative to the same running max (in shared memory), so at the end the
  * two sums add and each warpgroup writes its columns. P is rounded at its own tile's running
  * max (P0 again where warpgroup 1's tile moved a row's max); the row sums keep the unrounded
@@ -50,8 +53,9 @@
  * Compile-time configuration (-D):
  *   MLA_L, MLA_R  latent and rotary widths (L = 512, R = 64: 8 value chunks and one rotary)
  *   MLA_BF16      1: the model dtype (q, cache, P, o) is bf16, 0: f16
- * Kernel-development switch (MLA_EXTRA_DEFINES, never in a shipped build): MLA_EXP_SAME_TILES
- * copies the split's first two tiles again every step (from L2: what DRAM's latency costs).
+ * Kernel-development switches (MLA_EXTRA_DEFINES, never in a shipped build): MLA_EXP_TRACE
+ * prints, for CTA (0, 0), when each warpgroup reached 8 points of steps 8 to 15 (SM clock;
+ * `trace` says which).
  */
 #include "common/keys.cuh"
 #include "common/ptx.cuh"
@@ -105,6 +109,30 @@ struct Smem {
 
 }  // namespace
 
+/// Kernel development (MLA_EXP_TRACE, results unchanged): lane 0 of each warpgroup's first warp
+/// stamps the SM clock at 8 points of steps 8 to 15 into the row sums' place (unused until
+/// the end), and CTA (0, 0) prints them after the loop (scripts/gpu/seesaw_trace.py makes a
+/// table of them). Warpgroup 0's points: 0 the step starts, 1 hand-over 1 sent, 2 P0 V00
+/// done, 3 hand-over 2 taken, 4 hand-over 3 sent, 5 hand-over 4 taken, 6 P1 V10 done, 7 the
+/// next scores done; warpgroup 1's: 0 hand-over 1 taken, 1 hand-over 2 sent, 2 P1 V11
+/// issued, 3 hand-over 3 taken, 4 P1 V11 done, 5 P0 V01 done, 6 the next scores' first chunk
+/// landed, 7 the next scores done.
+#ifdef MLA_EXP_TRACE
+constexpr int TRACE_STEPS = 8, TRACE_EVENTS = 8;
+#endif
+__device__ __forceinline__ void trace(const Smem& sm, int step, int ev) {
+#ifdef MLA_EXP_TRACE
+    const int wg = threadIdx.x / 128;
+    if (threadIdx.x % 128 == 0 && step >= 8 && step < 8 + TRACE_STEPS) {
+        st_shared_u32(sm.sums(0, 0) + 4 * ((wg * TRACE_STEPS + step - 8) * TRACE_EVENTS + ev), (u32)clock());
+    }
+#else
+    (void)sm;
+    (void)step;
+    (void)ev;
+#endif
+}
+
 /// Shared memory the kernel needs (the host checks it against its own count).
 extern "C" __constant__ int mla_decode_smem_bytes = ALIGN + 3 * TILE_BYTES + CHUNK_BYTES + STAT_BYTES + BAR_BYTES;
 
@@ -121,27 +149,58 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, in
     cp_async_commit();
 }
 
-/// This lane's block-table entry for box `lane` of the tile from `first` (box_entry's rule;
-/// 0 where there is none), read now and issued later.
-__device__ __forceinline__ int read_entry(const DecodeParams& p, int req, int first, const KeyRange& keys,
-                                          int lane) {
-    i64 i;
-    return box_entry(p, req, first, TileBoxes(p.page_size), keys, lane, i) ? p.block_table[i] : 0;
-}
+/// The issuing lane's box of a tile (lane b: box b, TileBoxes' split of a 64-key tile) as the
+/// loop walks its tiles: the box's page in the request's row of the block table and its first
+/// key's slot there, advanced without a division (tiles start at multiples of 64 keys and a
+/// page holds a divisor or a multiple of 64 keys), and its entry, read ahead of the copies.
+/// The issuing lanes belong to the warpgroups' critical path: a division a tile (and the
+/// box's rule recomputed at each issue) cost them about 800 cycles a step (NOTES.md).
+struct Box {
+    int page, slot;     // slot: on pages of more than 64 keys (one box a tile); else 0
+    int entry = 0;      // the table's entry, once read
+    bool has = false;   // whether the box has one (box_entry's rule: some of the keys, inside the table)
 
-/// The copies of chunks [C0, C1), and the rotary chunk with ROT, of the tile from `first`
-/// into stage `st`, each completing on its chunk's mbarrier, which lane 0 arms with the
-/// chunk's bytes. The whole warp calls it; lane b (`entry`: read_entry's) copies box b of
-/// each chunk, so that no lane gathers the tile's block ids (registers the kernel lacks).
+    __device__ Box(const DecodeParams& p, int first, const TileBoxes& boxes, int lane) {
+        const int pos = first + lane * boxes.box;
+        page = page_of(p, pos);
+        slot = pos - page * p.page_size;
+    }
+
+    /// The same box two tiles on.
+    __device__ void skip_two(const DecodeParams& p, const TileBoxes& boxes) {
+        if (p.page_size <= TMA_TILE) {
+            page += 2 * boxes.count;
+        } else {
+            slot += 2 * TMA_TILE;
+            if (slot >= p.page_size) {
+                slot -= p.page_size;
+                ++page;
+            }
+        }
+    }
+
+    /// Starts the read of its entry in the tile from `first` (box_entry's rule, on the page kept).
+    __device__ void read(const DecodeParams& p, int req, int first, const TileBoxes& boxes, const KeyRange& keys,
+                         int lane) {
+        const int pos = first + lane * boxes.box;
+        has = lane < boxes.count && pos + boxes.box > keys.start && max(pos, keys.start) < keys.end &&
+              page < p.max_blocks;
+        entry = has ? p.block_table[req * p.block_table_stride + page] : 0;
+    }
+
+    /// Its copies' block coordinate: -1 (the TMA unit writes zeros) where it has no entry or a
+    /// bad one (which raises the error flag).
+    __device__ int block(const DecodeParams& p) const { return has && !bad_block(p, entry) ? entry : -1; }
+};
+
+/// The copies of chunks [C0, C1), and the rotary chunk with ROT, of the tile in `box` into
+/// stage `st`, each completing on its chunk's mbarrier, which lane 0 arms with the chunk's
+/// bytes. The whole warp calls it; lane b copies box b of each chunk, so that no lane gathers
+/// the tile's block ids (registers the kernel lacks).
 template <int C0, int C1, bool ROT>
-__device__ __forceinline__ void issue(const TmaParams& tp, const Smem& sm, int st, int req, int first,
-                                      const KeyRange& keys, int entry, int lane) {
-    const DecodeParams& p = tp.d;
-    const TileBoxes boxes(p.page_size);
-    i64 i;
-    // Block -1 (no entry, or a bad one, which raises the flag): the TMA unit writes zeros.
-    const int block = box_entry(p, req, first, boxes, keys, lane, i) && !bad_block(p, entry) ? entry : -1;
-    const int slot = boxes.count == 1 ? first % p.page_size : 0;
+__device__ __forceinline__ void issue(const TmaParams& tp, const Smem& sm, int st, const TileBoxes& boxes,
+                                      const Box& box, int lane) {
+    const int block = box.block(tp.d);
     if (lane == 0) {
 #pragma unroll
         for (int c = C0; c < C1 + (ROT ? 1 : 0); ++c) mbar_expect_bytes(sm.bar(st, c < C1 ? c : ROTARY), CHUNK_BYTES);
@@ -152,14 +211,14 @@ __device__ __forceinline__ void issue(const TmaParams& tp, const Smem& sm, int s
         for (int c = C0; c < C1 + (ROT ? 1 : 0); ++c) {
             const int chunk = c < C1 ? c : ROTARY;
             tma_load_3d(sm.k(st) + chunk * CHUNK_BYTES + lane * boxes.box * 128, &tp.kv_map, sm.bar(st, chunk),
-                        chunk * 64, slot, block);
+                        chunk * 64, box.slot, block);
         }
     }
 }
 
-/// S = Q K^T over chunks [C0, C1) of stage `st` (added to S unless C0 is 0), each as its
-/// copies land (`parity`: the stage's use count % 2), in the caller's commit group.
-template <int C0, int C1>
+/// S = Q K^T over chunks [C0, C1) of stage `st` (added to S with ADD, else S starts at C0),
+/// each as its copies land (`parity`: the stage's use count % 2), in the caller's commit group.
+template <int C0, int C1, bool ADD>
 __device__ __forceinline__ void scores(float (&s)[32], const Smem& sm, int st, u32 parity) {
 #pragma unroll
     for (int c = C0; c < C1; ++c) {
@@ -171,19 +230,32 @@ __device__ __forceinline__ void scores(float (&s)[32], const Smem& sm, int st, u
         const u64 kd = opaque(smem_desc(sm.k(st) + c * CHUNK_BYTES, 16, 1024));
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-            wgmma_m64n64k16_ss<BF16>(s, desc_at(qd, 32 * kk), desc_at(kd, 32 * kk), c > 0 || kk > 0);
+            wgmma_m64n64k16_ss<BF16>(s, desc_at(qd, 32 * kk), desc_at(kd, 32 * kk), ADD || c > C0 || kk > 0);
         }
     }
 }
 
 /// O += P V over the HALF value chunks at `v` (this warpgroup's half of a stage), P from the
-/// swizzled 64 x 64 tile at `p`, in one commit group.
+/// swizzled 64 x 64 tile at `p` (the other warpgroup's), in one commit group.
 __device__ __forceinline__ void pv(float (&o)[COLS / 2], u32 p, u32 v) {
     const u64 pd = opaque(smem_desc(p, 16, 1024)), vd = opaque(smem_desc(v, CHUNK_BYTES, 1024));
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
         wgmma_m64n256k16_ss<BF16>(o, desc_at(pd, 32 * kk), desc_at(vd, kk * 2048), 1);
+    }
+    wgmma_commit();
+}
+
+/// O += P V as pv, P this warpgroup's own, from its registers (`pb`: exponentiate's), in one
+/// commit group; `pb` stays read until the group is waited for.
+__device__ __forceinline__ void pv_own(float (&o)[COLS / 2], const u32 (&pb)[16], u32 v) {
+    const u64 vd = opaque(smem_desc(v, CHUNK_BYTES, 1024));
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+        const u32 a[4] = {pb[4 * kk], pb[4 * kk + 1], pb[4 * kk + 2], pb[4 * kk + 3]};
+        wgmma_m64n256k16_rs<BF16>(o, a, desc_at(vd, kk * 2048), 1);
     }
     wgmma_commit();
 }
@@ -259,12 +331,12 @@ __device__ __forceinline__ void publish_max(const Smem& sm, int wg, const float 
 }
 
 /// P = 2^(s scale - m) of this thread's scores (0 for keys it does not see), rounded to the
-/// model dtype into the swizzled 64 x 64 tile at `tile` (where both warpgroups' wgmma read
-/// it), the unrounded values added to the row sums `l`. Every row's m is finite: each tile
+/// model dtype into `pb` as wgmma's A fragment (pair i of k-step kk: pb[4 kk + i], row r0 + 8
+/// (i % 2)), the unrounded values added to the row sums `l`. Every row's m is finite: each tile
 /// holds a key of the split.
 template <bool MASKED>
 __device__ __forceinline__ void exponentiate_of(const float (&s)[32], float sc, const float (&m)[2], float (&l)[2],
-                                                u32 tile, int first, const KeyRange& keys, int r0, int lane) {
+                                                u32 (&pb)[16], int first, const KeyRange& keys, int lane) {
     const auto p_of = [&](int j, int h) {
         const float p = exp2_approx(fmaf(s[j], sc, -m[h]));
         return seen<MASKED>(j, first, keys, lane) ? p : 0.0f;
@@ -277,33 +349,40 @@ __device__ __forceinline__ void exponentiate_of(const float (&s)[32], float sc, 
             const float p0 = p_of(8 * kk + 2 * i, h);
             const float p1 = p_of(8 * kk + 2 * i + 1, h);
             l[h] += p0 + p1;
-            st_shared_u32(tile + p_fragment_at(r0, lane, kk, i), pack2<BF16>(p0, p1));
+            pb[4 * kk + i] = pack2<BF16>(p0, p1);
         }
     }
 }
 
 /// exponentiate_of, the masks only where the tile is not `inside` the keys.
 __device__ __forceinline__ void exponentiate(const float (&s)[32], float sc, const float (&m)[2], float (&l)[2],
-                                             u32 tile, int first, bool inside, const KeyRange& keys, int r0,
+                                             u32 (&pb)[16], int first, bool inside, const KeyRange& keys,
                                              int lane) {
     if (inside) {
-        exponentiate_of<false>(s, sc, m, l, tile, first, keys, r0, lane);
+        exponentiate_of<false>(s, sc, m, l, pb, first, keys, lane);
     } else {
-        exponentiate_of<true>(s, sc, m, l, tile, first, keys, r0, lane);
+        exponentiate_of<true>(s, sc, m, l, pb, first, keys, lane);
     }
 }
 
-/// This thread's pairs of P in the tile at `tile` (exponentiate's) times a (row r0) and b (row
-/// r0 + 8), rounded again.
-__device__ __forceinline__ void rescale_p(u32 tile, float a, float b, int r0, int lane) {
+/// exponentiate's P times a (row r0) and b (row r0 + 8), rounded again, unless both are 1.
+__device__ __forceinline__ void rescale_p(u32 (&pb)[16], float a, float b) {
+    if (a != 1.0f || b != 1.0f) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const float f = i % 2 == 0 ? a : b;
+            pb[i] = pack2<BF16>(half_to_float<BF16>(pb[i] & 0xffffu) * f, half_to_float<BF16>(pb[i] >> 16) * f);
+        }
+    }
+}
+
+/// exponentiate's P into the swizzled 64 x 64 tile at `tile`, where the other warpgroup's wgmma
+/// reads it (the caller fences it for them).
+__device__ __forceinline__ void store_p(const u32 (&pb)[16], u32 tile, int r0, int lane) {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const u32 at = tile + p_fragment_at(r0, lane, kk, i), v = ld_shared_u32(at);
-            const float f = i % 2 == 0 ? a : b;
-            st_shared_u32(at, pack2<BF16>(half_to_float<BF16>(v & 0xffffu) * f, half_to_float<BF16>(v >> 16) * f));
-        }
+        for (int i = 0; i < 4; ++i) st_shared_u32(tile + p_fragment_at(r0, lane, kk, i), pb[4 * kk + i]);
     }
 }
 
@@ -364,10 +443,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
         mbar_fence_init();
     }
     __syncthreads();
+    // The issuing lanes' boxes of tiles 0 and 1, then (two tiles a step) of t0 + 2 and t0 + 3.
+    const TileBoxes boxes(p.page_size);
+    Box box[2] = {Box(p, first0, boxes, lane), Box(p, first0 + BN, boxes, lane)};
     if (warp == 0) {
         for (int t = 0; t < 2 && t < tiles; ++t) {
-            const int entry = read_entry(p, req, first0 + t * BN, keys, lane);
-            issue<0, CHUNKS, false>(tp, sm0, t, req, first0 + t * BN, keys, entry, lane);
+            box[t].read(p, req, first0 + t * BN, boxes, keys, lane);
+            issue<0, CHUNKS, false>(tp, sm0, t, boxes, box[t], lane);
         }
     }
     cp_async_wait_group<0>();
@@ -386,11 +468,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
     float s[32];                // the scores of this warpgroup's tile of the step
     // Each warpgroup's first scores: tile 0 (warpgroup 0), tile 1 (warpgroup 1).
     if (wg == 0 || tiles > 1) {
-        scores<0, CHUNKS>(s, sm0, wg, 0);
+        scores<0, CHUNKS, false>(s, sm0, wg, 0);
         wgmma_commit();
         wgmma_wait<0>();
     }
-    int entry[2] = {0, 0};  // the issuing warps' table entries of tiles t0 + 2 and t0 + 3
 
     for (int t0 = 0, step = 0; t0 < tiles; t0 += 2, ++step) {
         const Smem sm = sm0.fresh();
@@ -399,49 +480,56 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
         const bool in0 = first >= keys.start && first + BN <= keys.end;
         const bool in1 = first + 2 * BN <= keys.end;  // tile t1 starts inside the keys
         const u32 parity = step & 1;                 // of this step's hand-overs
-#ifdef MLA_EXP_SAME_TILES
-        // Kernel development (results wrong): every step copies tiles 0 and 1 again, from L2.
-        const int next0 = first0, next1 = first0 + BN;
-#else
         const int next0 = first + 2 * BN, next1 = first + 3 * BN;  // tiles t0 + 2, t1 + 2
-#endif
         if (issuer) {
-            if (more) entry[0] = read_entry(p, req, next0, keys, lane);
-            if (more1) entry[1] = read_entry(p, req, next1, keys, lane);
+            box[0].skip_two(p, boxes);
+            box[1].skip_two(p, boxes);
+            if (more) box[0].read(p, req, next0, boxes, keys, lane);
+            if (more1) box[1].read(p, req, next1, boxes, keys, lane);
         }
+        u32 pb[16];  // this warpgroup's P of the step, wgmma's A fragment
         if (wg == 0) {
+            trace(sm, step, 0);
             float m[2] = {ld_shared_f32(sm.max(r0)), ld_shared_f32(sm.max(r0 + 8))}, a[2];
             next_max(s, m, a, first, in0, keys, sc, lane);
             publish_max(sm, 0, m, a, r0, lane);
+            mbar_arrive(sm.hand(1));  // m0, 2^(m - m0): warpgroup 1's softmax starts meanwhile
+            trace(sm, step, 1);
             rescale(o, a[0], a[1]);
             l[0] *= a[0];
             l[1] *= a[1];
-            exponentiate(s, sc, m, l, sm.p(0), first, in0, keys, r0, lane);
-            if (!in0) zero_outside(sm.k(0), 0, first, keys, wt);
-            fence_proxy_async();  // P0 (and the zeros) for the wgmma
-            mbar_arrive(sm.hand(1));  // m0, 2^(m - m0)
-            named_barrier(1, 128);    // P0 and this warpgroup's zeros, for its own products
-            pv(o, sm.p(0), sm.k(0));
+            exponentiate(s, sc, m, l, pb, first, in0, keys, lane);
+            if (!in0) {
+                zero_outside(sm.k(0), 0, first, keys, wt);
+                named_barrier(1, 128);  // this warpgroup's zeros, for its own products
+            }
+            pv_own(o, pb, sm.k(0));
             wgmma_wait<0>();
+            trace(sm, step, 2);
             // K0's first half is read (S0, P0 V00): tile t0 + 2's copies.
-            if (issuer && more) issue<0, HALF, false>(tp, sm, 0, req, next0, keys, entry[0], lane);
+            if (issuer && more) issue<0, HALF, false>(tp, sm, 0, boxes, box[0], lane);
+            float b[2] = {1.0f, 1.0f};
             if (has1) {
                 mbar_wait(sm.hand(2), parity);  // m1, 2^(m0 - m1)
-                const float b0 = ld_shared_f32(sm.scale1(r0)), b1 = ld_shared_f32(sm.scale1(r0 + 8));
-                // P0 relative to m1 for warpgroup 1's product (this one's is done).
-                if (b0 != 1.0f || b1 != 1.0f) {
-                    rescale_p(sm.p(0), b0, b1, r0, lane);
-                    fence_proxy_async();
-                }
-                mbar_arrive(sm.hand(3));  // P0, final
-                rescale(o, b0, b1);
-                l[0] *= b0;
-                l[1] *= b1;
+                trace(sm, step, 3);
+                b[0] = ld_shared_f32(sm.scale1(r0));
+                b[1] = ld_shared_f32(sm.scale1(r0 + 8));
+                rescale_p(pb, b[0], b[1]);  // P0 relative to m1, for warpgroup 1's product
+            }
+            store_p(pb, sm.p(0), r0, lane);
+            fence_proxy_async();
+            mbar_arrive(sm.hand(3));  // P0, final
+            trace(sm, step, 4);
+            if (has1) {
+                rescale(o, b[0], b[1]);
+                l[0] *= b[0];
+                l[1] *= b[1];
                 if (!in1) {
                     zero_outside(sm.k(1), 0, first + BN, keys, wt);
                     named_barrier(1, 128);
                 }
-                mbar_wait(sm.hand(4), parity);  // P1
+                mbar_wait(sm.hand(4), parity);  // P1, and warpgroup 1's P0 V01 issued before this product
+                trace(sm, step, 5);
                 pv(o, sm.p(1), sm.k(1));
                 // One branch holds the next scores whole: a branch that a wgmma is in flight
                 // across, on one side of it only, makes ptxas serialize every wgmma of the
@@ -449,18 +537,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
                 if (more) {
                     // The scores over K0's first half (copied again long ago) right behind P1
                     // V10, so that the tensor cores do not drain between them.
-                    scores<0, HALF>(s, sm, 0, parity ^ 1);
+                    scores<0, HALF, false>(s, sm, 0, parity ^ 1);
                     wgmma_commit();
                     wgmma_wait<1>();
+                    trace(sm, step, 6);
                     // K1's first half is read (S1, P1 V10): tile t1 + 2's copies.
-                    if (issuer && more1) issue<0, HALF, false>(tp, sm, 1, req, next1, keys, entry[1], lane);
-                    scores<HALF, CHUNKS>(s, sm, 0, parity ^ 1);
+                    if (issuer && more1) issue<0, HALF, false>(tp, sm, 1, boxes, box[1], lane);
+                    scores<HALF, CHUNKS, true>(s, sm, 0, parity ^ 1);
                     wgmma_commit();
                 }
                 wgmma_wait<0>();
+                trace(sm, step, 7);
             }
         } else {
             mbar_wait(sm.hand(1), parity);
+            trace(sm, step, 0);
             float m[2];
 #pragma unroll
             for (int h = 0; h < 2; ++h) m[h] = ld_shared_f32(sm.max(r0 + 8 * h));
@@ -471,18 +562,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
                 next_max(s, m, b, first + BN, in1, keys, sc, lane);
                 publish_max(sm, 1, m, b, r0, lane);
                 mbar_arrive(sm.hand(2));  // m1, 2^(m0 - m1): warpgroup 0 rescales P0 meanwhile
+                trace(sm, step, 1);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     a[h] *= b[h];
                     l[h] *= a[h];
                 }
-                exponentiate(s, sc, m, l, sm.p(1), first + BN, in1, keys, r0, lane);
-                if (!in1) zero_outside(sm.k(1), HALF, first + BN, keys, wt);
-                fence_proxy_async();      // P1 (and the zeros) for the wgmma
-                mbar_arrive(sm.hand(4));  // P1
+                exponentiate(s, sc, m, l, pb, first + BN, in1, keys, lane);
+                store_p(pb, sm.p(1), r0, lane);  // for warpgroup 0's product
                 rescale(o, a[0], a[1]);
-                named_barrier(2, 128);          // P1 and this warpgroup's zeros, for its own products
-                mbar_wait(sm.hand(3), parity);  // P0, relative to m1
+                if (!in1) {
+                    zero_outside(sm.k(1), HALF, first + BN, keys, wt);
+                    named_barrier(2, 128);  // this warpgroup's zeros, for its own products
+                }
+                // The own P first, from registers: it waits for nothing of warpgroup 0's.
+                pv_own(o, pb, sm.k(1) + HALF * CHUNK_BYTES);
+                trace(sm, step, 2);
+                fence_proxy_async();  // P1 for warpgroup 0's wgmma (hand-over 4)
             } else {
                 rescale(o, a[0], a[1]);
                 l[0] *= a[0];
@@ -492,31 +588,50 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
                 zero_outside(sm.k(0), HALF, first, keys, wt);
                 named_barrier(2, 128);
             }
-            // P0 V01 first (both products are relative to m1): K0's second half, which warpgroup
-            // 0's next scores wait for, is free one product sooner.
+            mbar_wait(sm.hand(3), parity);  // P0, relative to m1
+            trace(sm, step, 3);
             pv(o, sm.p(0), sm.k(0) + HALF * CHUNK_BYTES);
             if (has1) {
-                pv(o, sm.p(1), sm.k(1) + HALF * CHUNK_BYTES);
+                // P1, and P0 V01 ahead of warpgroup 0's P1 V10 in the tensor cores' queue:
+                // K0's second half, which warpgroup 0's next scores wait for, is free sooner.
+                mbar_arrive(sm.hand(4));
                 wgmma_wait<1>();
-                // K0's second half and P0 (in its rotary chunk) are read: tile t0 + 2's copies.
-                if (issuer && more) issue<HALF, 2 * HALF, true>(tp, sm, 0, req, next0, keys, entry[0], lane);
-                wgmma_wait<0>();
+                trace(sm, step, 4);
                 // K1's second half and rotary chunk are read (S1, P1 V11): tile t1 + 2's copies.
-                if (issuer && more1) issue<HALF, 2 * HALF, true>(tp, sm, 1, req, next1, keys, entry[1], lane);
-            } else {
-                wgmma_wait<0>();
-                if (issuer && more) issue<HALF, 2 * HALF, true>(tp, sm, 0, req, next0, keys, entry[0], lane);
+                if (issuer && more1) issue<HALF, 2 * HALF, true>(tp, sm, 1, boxes, box[1], lane);
             }
+            wgmma_wait<0>();
+            trace(sm, step, 5);
+            // K0's second half and P0 (in its rotary chunk) are read: tile t0 + 2's copies.
+            if (issuer && more) issue<HALF, 2 * HALF, true>(tp, sm, 0, boxes, box[0], lane);
             if (more1) {
-                scores<0, CHUNKS>(s, sm, 1, parity ^ 1);
+                // K1's second half first: warpgroup 0 copies its first half only once P1 V10 is
+                // done. (Its first chunk alone: the trace's point 6 is when it landed.)
+                scores<HALF, HALF + 1, false>(s, sm, 1, parity ^ 1);
+                trace(sm, step, 6);
+                scores<HALF + 1, CHUNKS, true>(s, sm, 1, parity ^ 1);
+                scores<0, HALF, true>(s, sm, 1, parity ^ 1);
                 wgmma_commit();
                 wgmma_wait<0>();
+                trace(sm, step, 7);
             }
         }
     }
 
     // Both warpgroups' outputs and sums are relative to the last running max: the sums add.
     const Smem sm = sm0.fresh();
+#ifdef MLA_EXP_TRACE
+    __syncthreads();
+    if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
+        for (int i = 0; i < 2 * TRACE_STEPS; ++i) {
+            const u32 at = sm.sums(0, 0) + 4 * TRACE_EVENTS * i;
+            printf("mla-trace wg %d step %d: %u %u %u %u %u %u %u %u\n", i / TRACE_STEPS, 8 + i % TRACE_STEPS,
+                   ld_shared_u32(at), ld_shared_u32(at + 4), ld_shared_u32(at + 8), ld_shared_u32(at + 12),
+                   ld_shared_u32(at + 16), ld_shared_u32(at + 20), ld_shared_u32(at + 24), ld_shared_u32(at + 28));
+        }
+    }
+    __syncthreads();
+#endif
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         l[h] = quad_sum(l[h]);

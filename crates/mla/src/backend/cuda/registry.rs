@@ -119,10 +119,31 @@ pub const BLOCK_N: usize = splits::TILE;
 pub const WGMMA_TILE: usize = splits::WGMMA_ROWS;
 /// As shipped, the seesaw kernel takes the decodes of more than [`WGMMA_TILE`] heads (each
 /// tile of keys then serves two CTAs from L2, and the tensor cores set the pace) whose splits
-/// hold at least this many keys (8 of its steps of two tiles): there it beats the wgmma
-/// kernel by 2% to 6%, where on 512 keys a split the wgmma kernel is 1% faster, a CTA's few
-/// steps paying the seesaw's longer start (BENCHMARKS.md, the ninth session).
-pub const SEESAW_MIN_SPLIT_KEYS: usize = 1024;
+/// hold at least this many keys (4 of its steps of two tiles): there it beats the wgmma
+/// kernel by 8% to 17%, where on splits of 64 to 191 keys (batch 1) the wgmma kernel is 4% to
+/// 6% faster, a CTA's one or two steps paying the seesaw's longer start (BENCHMARKS.md, the
+/// tenth session). Fewer heads need longer splits: [`seesaw_min_split_keys`].
+pub const SEESAW_MIN_SPLIT_KEYS: usize = 512;
+
+/// The fewest heads the seesaw kernel takes as shipped (it pads them to 64 rows): from 16
+/// heads on it beats the mma kernel on long splits; fewer heads were not measured.
+pub const SEESAW_MIN_HEADS: usize = 16;
+
+/// The keys a split must hold for the seesaw kernel to take a decode of `heads` heads as
+/// shipped, None below [`SEESAW_MIN_HEADS`]: [`SEESAW_MIN_SPLIT_KEYS`] for more than
+/// [`WGMMA_TILE`] heads; twice that for 17 to 64 heads, where the wgmma kernel runs otherwise
+/// (64 heads: 6% to 13% faster on 1024 and 2048 keys a split); four times that at 16 heads,
+/// where the mma kernel runs otherwise and the decode is memory-bound (3% to 14% faster on
+/// 2048 to 8192 keys a split, 2% slower on 1024 and 10% to 14% on 512; BENCHMARKS.md, tenth
+/// session).
+pub fn seesaw_min_split_keys(heads: usize) -> Option<usize> {
+    match heads {
+        h if h > WGMMA_TILE => Some(SEESAW_MIN_SPLIT_KEYS),
+        h if h >= WGMMA_MIN_HEADS => Some(2 * SEESAW_MIN_SPLIT_KEYS),
+        h if h >= SEESAW_MIN_HEADS => Some(4 * SEESAW_MIN_SPLIT_KEYS),
+        _ => None,
+    }
+}
 
 /// The fewest heads (rows of a CTA, tokens packed) for which the wgmma kernel is chosen
 /// ([`splits::WGMMA_MIN_ROWS`], where the split rule's model of the grids needs it too).
@@ -562,7 +583,7 @@ pub struct Stage1 {
     /// pages it tiles ([`splits::tma_pages`]).
     pub narrow: Option<Variant>,
     /// The kernel of the decodes that take one query token a CTA (instead of `decode`), on
-    /// pages it tiles, for more than [`WGMMA_TILE`] heads (every head count when forced);
+    /// pages it tiles, from [`SEESAW_MIN_HEADS`] heads (every head count when forced);
     /// none on a decoder that schedules on the device (it has no scheduled variant).
     pub seesaw: Option<Variant>,
     /// The family asked for: `MLA_KERNEL=narrow` also gives the narrow kernel single-token
@@ -599,7 +620,7 @@ impl Stage1 {
             .flatten();
         let seesaw_heads = match choice {
             KernelChoice::Seesaw => true,
-            KernelChoice::Auto => heads > WGMMA_TILE,
+            KernelChoice::Auto => seesaw_min_split_keys(heads).is_some(),
             KernelChoice::Mma | KernelChoice::Wgmma | KernelChoice::Narrow => false,
         };
         let seesaw = (wgmma && seesaw_heads)
@@ -621,7 +642,7 @@ impl Stage1 {
     /// narrow kernel where two or more tokens fit it next to the heads and it tiles the pages
     /// ([`splits::narrow_tokens`]; with `MLA_KERNEL=narrow`, single tokens too), else the
     /// seesaw kernel where the decoder has it, it tiles the pages and a split holds at least
-    /// [`SEESAW_MIN_SPLIT_KEYS`] keys (any split with `MLA_KERNEL=seesaw`), else the
+    /// [`seesaw_min_split_keys`] keys (any split with `MLA_KERNEL=seesaw`), else the
     /// decoder's own.
     pub fn launch(
         &self,
@@ -639,8 +660,8 @@ impl Stage1 {
             splits::narrow_tokens(heads, query_len)
         };
         let tiles = splits::tma_pages(page_size);
-        let long_splits =
-            self.choice == KernelChoice::Seesaw || split_keys >= SEESAW_MIN_SPLIT_KEYS;
+        let long_splits = self.choice == KernelChoice::Seesaw
+            || seesaw_min_split_keys(heads).is_some_and(|keys| split_keys >= keys);
         match (self.narrow, tokens, self.seesaw) {
             (Some(n), Some(tokens), _) if tiles => (n, tokens),
             (_, _, Some(s)) if tiles && long_splits => (s, 1),
@@ -1058,7 +1079,7 @@ mod tests {
         assert_eq!(launch(choose(4, true, Wgmma), 4, 100), (w, true, 16));
         assert_eq!(launch(choose(16, false, Auto), 16, 4), (m, false, 1));
         // Warmup builds what can launch: the packed variant for up to 32 heads on Hopper,
-        // the narrow kernel for up to 8 (16 when forced).
+        // the narrow kernel for up to 8 (16 when forced), the seesaw kernel from 16.
         let count = |heads, wgmma| choose(heads, wgmma, Auto).variants().count();
         assert_eq!(
             (
@@ -1067,7 +1088,7 @@ mod tests {
                 count(32, true),
                 count(33, true)
             ),
-            (3, 2, 2, 1)
+            (3, 3, 3, 2)
         );
         assert_eq!(choose(16, true, Narrow).variants().count(), 3);
         assert_eq!(count(16, false), 1);
@@ -1104,7 +1125,7 @@ mod tests {
             (16, 4, (w, 4)), // packed: one read of the keys for 4 tokens
             (8, 2, (n, 2)),  // the narrow kernel's 16 rows
         ] {
-            for split_keys in [1, 64, 1023, 1024, 100_000] {
+            for split_keys in [1, 64, 511, 512, 100_000] {
                 let (v, t) =
                     choose(heads, KvFormat::Bf16, true, Seesaw).launch(heads, q, 64, split_keys);
                 assert_eq!(
@@ -1115,20 +1136,27 @@ mod tests {
             }
         }
         // As shipped: more than 64 heads (two CTAs share each tile of keys) on splits of at
-        // least SEESAW_MIN_SPLIT_KEYS keys; the wgmma kernel on shorter splits and at 64 heads
-        // or fewer (the mma kernel at 16 or fewer).
+        // least SEESAW_MIN_SPLIT_KEYS keys, 17 to 64 heads on twice as long ones, 16 heads on
+        // four times as long; else the wgmma kernel (the mma kernel at 16 heads or fewer).
         let long = SEESAW_MIN_SPLIT_KEYS;
+        let m = Family::DecodeMma;
         for (heads, q, split_keys, want) in [
             (128, 1, long, s),
             (128, 1, 32_768, s),
             (128, 2, long, s),
             (65, 1, long, s),
             (128, 1, long - 1, w),
-            (128, 1, 512, w),
+            (128, 1, 191, w), // batch 1 at 8192 keys: 43 splits
             (128, 1, 1, w),
-            (64, 1, long, w),
+            (64, 1, 2 * long, s),
+            (64, 1, 2 * long - 1, w),
+            (17, 1, 2 * long, s),
             (32, 1, long, w),
-            (16, 1, long, Family::DecodeMma),
+            (16, 1, 4 * long, s),
+            (16, 1, 4 * long - 1, m),
+            (16, 1, long, m),
+            (15, 1, 100_000, m),
+            (8, 1, 100_000, m),
         ] {
             let (v, _) = choose(heads, KvFormat::Bf16, true, Auto).launch(heads, q, 64, split_keys);
             assert_eq!(
