@@ -97,13 +97,28 @@ struct TileBoxes {
     __device__ explicit TileBoxes(int page_size) : box(min(page_size, TMA_TILE)), count(TMA_TILE / box) {}
 };
 
-/// Whether box `lane` of the tile from `first` (a multiple of TMA_TILE) has a block-table
-/// entry to read, and where (`i`): not when the box holds none of `keys` or lies past the
-/// table. A page wholly before the keys is never looked up (its entry may be stale).
+/// Whether box `lane` of the tile from `first` (a multiple of TMA_TILE) holds some of `keys`:
+/// box_entry's rule but for the table's bound. A page wholly before the keys is never looked
+/// up (its entry may be stale).
+__device__ __forceinline__ bool box_holds_keys(int first, const TileBoxes& boxes, const KeyRange& keys, int lane) {
+    const int pos = first + lane * boxes.box;
+    return lane < boxes.count && pos + boxes.box > keys.start && max(pos, keys.start) < keys.end;
+}
+
+/// Whether box `lane` of the tile from `first` has a block-table entry to read, and where
+/// (`i`): not when the box holds none of `keys` or lies past the table. A box lies in one
+/// page, that of its first key in `keys`.
 __device__ __forceinline__ bool box_entry(const DecodeParams& p, int req, int first, const TileBoxes& boxes,
                                           const KeyRange& keys, int lane, i64& i) {
-    return lane < boxes.count && first + (lane + 1) * boxes.box > keys.start &&
+    return box_holds_keys(first, boxes, keys, lane) &&
            table_entry(p, req, max(first + lane * boxes.box, keys.start), keys.end, i);
+}
+
+/// A box's block coordinate for its copies: its table entry (`has`: it has one), or -1 (the
+/// TMA unit writes zeros) for none and for a block id outside the cache (bad_block raises
+/// the error flag).
+__device__ __forceinline__ int box_block(const DecodeParams& p, bool has, int entry) {
+    return has && !bad_block(p, entry) ? entry : -1;
 }
 
 /// One lane's read of the block table for box `lane` of a tile, started now and used later:
@@ -122,11 +137,8 @@ struct BoxLookup {
         entry = at != nullptr ? *at : 0;
     }
 
-    /// The box's block coordinate: -1 (the TMA unit fills the box with zeros) for no entry,
-    /// and for a block id outside the cache (bad_block raises the error flag).
-    __device__ int block(const DecodeParams& p) const {
-        return at == nullptr || bad_block(p, entry) ? -1 : entry;
-    }
+    /// The box's block coordinate (box_block's).
+    __device__ int block(const DecodeParams& p) const { return box_block(p, at != nullptr, entry); }
 };
 
 /// A tile's block coordinates, box by box (static indices: registers), and the slot of its

@@ -158,7 +158,7 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, in
 struct Box {
     int page, slot;     // slot: on pages of more than 64 keys (one box a tile); else 0
     int entry = 0;      // the table's entry, once read
-    bool has = false;   // whether the box has one (box_entry's rule: some of the keys, inside the table)
+    bool has = false;   // whether the box has one (box_entry's rule)
 
     __device__ Box(const DecodeParams& p, int first, const TileBoxes& boxes, int lane) {
         const int pos = first + lane * boxes.box;
@@ -182,15 +182,12 @@ struct Box {
     /// Starts the read of its entry in the tile from `first` (box_entry's rule, on the page kept).
     __device__ void read(const DecodeParams& p, int req, int first, const TileBoxes& boxes, const KeyRange& keys,
                          int lane) {
-        const int pos = first + lane * boxes.box;
-        has = lane < boxes.count && pos + boxes.box > keys.start && max(pos, keys.start) < keys.end &&
-              page < p.max_blocks;
+        has = box_holds_keys(first, boxes, keys, lane) && page < p.max_blocks;
         entry = has ? p.block_table[req * p.block_table_stride + page] : 0;
     }
 
-    /// Its copies' block coordinate: -1 (the TMA unit writes zeros) where it has no entry or a
-    /// bad one (which raises the error flag).
-    __device__ int block(const DecodeParams& p) const { return has && !bad_block(p, entry) ? entry : -1; }
+    /// Its copies' block coordinate (box_block's).
+    __device__ int block(const DecodeParams& p) const { return box_block(p, has, entry); }
 };
 
 /// The copies of chunks [C0, C1), and the rotary chunk with ROT, of the tile in `box` into
