@@ -159,11 +159,20 @@ fn the_combine_on_each_of_its_launch_shapes() {
 
 #[test]
 fn other_latent_widths() {
-    for (l, r) in [(256, 32), (128, 16), (512, 0)] {
-        let mut s = spec(24, 16, &[90, 1031], 1, Mask::Causal);
-        s.kv_lora_rank = l;
-        s.rope_dim = r;
-        check(&Case::new(s));
+    // fp8 too: the mma kernel's products permute the columns in groups (of 64, then the 32
+    // and 16 left: 288, 144 and 432 columns here; 8 or 4 n-tiles of the value columns a
+    // warp), which the widths other than 512 + 64 cut differently.
+    for (l, r) in [(256, 32), (128, 16), (512, 0), (384, 48)] {
+        for kv in [KvFormat::Bf16, KvFormat::Fp8E4m3, KvFormat::Fp8E5m2] {
+            let mut s =
+                spec(24, 16, &[90, 1031], 1, Mask::Causal).with_format(ModelDtype::Bf16, kv);
+            s.kv_lora_rank = l;
+            s.rope_dim = r;
+            if kv.is_fp8() {
+                s.k_scale = 0.75;
+            }
+            check(&Case::new(s));
+        }
     }
 }
 

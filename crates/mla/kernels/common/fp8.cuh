@@ -84,28 +84,38 @@ __device__ __forceinline__ u32x4 convert8(u32x4 raw, float k_scale) {
             pack2<BF16>(f[6], f[7])};
 }
 
+/// Four fp8 codes (the bytes of `w`, the first lowest) as four f16, exactly and unscaled:
+/// codes 0 and 1 in .x, 2 and 3 in .y, each first in the low half. One instruction a pair on
+/// sm_89 and up (the high pair read in place, as the instruction's upper-half operand).
+template <int KV_FORMAT>
+__device__ __forceinline__ u32x2 fp8x4_to_f16(u32 w) {
+#if __CUDA_ARCH__ >= 890
+    u32x2 h;
+    if (KV_FORMAT == 2) {
+        asm("{.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\t"
+            "cvt.rn.f16x2.e4m3x2 %0, lo;\n\tcvt.rn.f16x2.e4m3x2 %1, hi;}"
+            : "=r"(h.x), "=r"(h.y)
+            : "r"(w));
+    } else {
+        asm("{.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\t"
+            "cvt.rn.f16x2.e5m2x2 %0, lo;\n\tcvt.rn.f16x2.e5m2x2 %1, hi;}"
+            : "=r"(h.x), "=r"(h.y)
+            : "r"(w));
+    }
+    return h;
+#else
+    float f[4];
+    fp8x2_to_float<KV_FORMAT>(w, f[0], f[1]);
+    fp8x2_to_float<KV_FORMAT>(w >> 16, f[2], f[3]);
+    return {pack2<false>(f[0], f[1]), pack2<false>(f[2], f[3])};
+#endif
+}
+
 /// 8 fp8 codes (the 8 bytes of `raw`, first in the low half) as 8 f16, exactly and unscaled.
 template <int KV_FORMAT>
 __device__ __forceinline__ u32x4 fp8x8_to_f16(u32x2 raw) {
-    u32 h[4];
-    const u32 w[2] = {raw.x, raw.y};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const u32 pair = w[i / 2] >> (16 * (i % 2));
-#if __CUDA_ARCH__ >= 890
-        const u16 b = (u16)pair;
-        if (KV_FORMAT == 2) {
-            asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h[i]) : "h"(b));
-        } else {
-            asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h[i]) : "h"(b));
-        }
-#else
-        float lo, hi;
-        fp8x2_to_float<KV_FORMAT>(pair, lo, hi);
-        h[i] = pack2<false>(lo, hi);
-#endif
-    }
-    return {h[0], h[1], h[2], h[3]};
+    const u32x2 lo = fp8x4_to_f16<KV_FORMAT>(raw.x), hi = fp8x4_to_f16<KV_FORMAT>(raw.y);
+    return {lo.x, lo.y, hi.x, hi.y};
 }
 
 /// A power of two as f32, for exponents in [-126, 127].

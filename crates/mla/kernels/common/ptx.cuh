@@ -85,6 +85,25 @@ __device__ __forceinline__ u32x2 ld_shared_u32x2(u32 addr) {
     asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
     return v;
 }
+/// W 32-bit words (W = 1, 2, 4 or 8; 4 and 8 at a 16-byte aligned address) from shared
+/// memory at a 32-bit shared address, in as few loads as their width allows.
+template <int W>
+__device__ __forceinline__ void ld_shared_words(u32 (&w)[W], u32 addr) {
+    static_assert(W == 1 || W == 2 || W % 4 == 0, "1, 2 or a multiple of 4 words");
+    if constexpr (W == 1) {
+        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(w[0]) : "r"(addr) : "memory");
+    } else if constexpr (W == 2) {
+        asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "r"(addr) : "memory");
+    } else {
+#pragma unroll
+        for (int i = 0; i < W / 4; ++i) {
+            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(w[4 * i]), "=r"(w[4 * i + 1]), "=r"(w[4 * i + 2]), "=r"(w[4 * i + 3])
+                         : "r"(addr + 16 * i)
+                         : "memory");
+        }
+    }
+}
 /// 16 bytes to shared memory at a 32-bit shared address, in program order.
 __device__ __forceinline__ void st_shared_u32x4(u32 addr, u32x4 v) {
     asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)

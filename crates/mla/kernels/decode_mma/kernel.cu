@@ -12,10 +12,10 @@
  *   2. keys -> shared memory (cp.async) STAGES - 1 tiles ahead of the tile being computed,
  *      from byte offsets computed a tile earlier (tile t + STAGES's block ids are read during
  *      tile t, so no load waits on the block table);
- *   3. (caches not in the model dtype) staged tile -> a tile the products read: fp8 codes
- *      as f16 into a tile of its own (the products then run in f16, k_scale on the scores
- *      and the output; a bf16 q is rewritten as f16 after step 1, common/fp8.cuh), the other
- *      16-bit type in the model dtype in place;
+ *   3. (a cache in the other 16-bit type) the staged tile rewritten in the model dtype in
+ *      place; an fp8 tile stays as it landed: the products turn its codes into f16 in
+ *      registers (steps 4 and 6; they then run in f16, k_scale on the scores and the output,
+ *      a bf16 q rewritten as f16 after step 1, common/fp8.cuh);
  *   4. S = Q K^T for the warp's keys (four independent accumulator chains), scaled to base 2,
  *      masked past the split's end;
  *   5. tile row max across the 4 warps of a row group (shared memory), running max m,
@@ -64,8 +64,8 @@ constexpr int KEYS_W = BN / NW;             // keys per warp in the score phase
 constexpr int NT_S = KEYS_W / 8;            // score n-tiles per warp
 constexpr int COLS_W = L / NW;              // output columns per warp
 constexpr int NT_O = COLS_W / 8;            // output n-tiles per warp
-constexpr bool CONVERT = KV != 0;
-constexpr bool FP8 = KV >= 2;               // fp8 converts into a tile of its own; 16-bit in place
+constexpr bool CONVERT = KV == 1;           // the other 16-bit type: rewritten in place
+constexpr bool FP8 = KV >= 2;               // fp8: codes to f16 in the products' registers
 // fp8 caches multiply in f16, k_scale applied to the scores and the output (common/fp8.cuh,
 // "Products in f16"); a bf16 q is rewritten as f16 first, or in the fp8-query mode (QFP8) any
 // q as its e4m3 codes, with P rounded to e4m3.
@@ -74,10 +74,12 @@ constexpr bool QFP8 = MLA_QFP8 != 0;
 constexpr bool Q_TO_F16 = BF16 && FP8 && !QFP8;
 constexpr int KV_ELEM = FP8 ? 1 : 2;        // bytes per cache element
 constexpr int CHUNKS = D * KV_ELEM / 16;    // 16-byte chunks per cache row
-constexpr int STAGE_ROW = FP8 ? D : DP * 2; // bytes per staged key row
+// Bytes per staged key row. fp8 rows are padded by 16 bytes: the value product's 8-byte
+// reads of keys 2c (c = 0..3) then fall 32 bytes apart in the banks (576 would put them on
+// the same ones).
+constexpr int STAGE_ROW = FP8 ? D + 16 : DP * 2;
 constexpr int STAGE_BYTES = BN * STAGE_ROW;
 constexpr int Q_BYTES = ROWS * DP * 2;
-constexpr int KT_BYTES = FP8 ? BN * DP * 2 : 0;             // the converted fp8 tile
 constexpr int P_BYTES = ROWS * BNP * 2;
 constexpr int RED_BYTES = MW * NW * 16 * 4;
 constexpr int OFF_BYTES = STAGES * BN * 8;   // byte offsets of STAGES tiles' keys (-1: not read)
@@ -94,13 +96,10 @@ struct Smem {
     unsigned char* base;
     __device__ u16* q() const { return (u16*)base; }
     __device__ unsigned char* stage(int s) const { return base + Q_BYTES + s * STAGE_BYTES; }
-    __device__ u16* kt() const { return (u16*)(base + Q_BYTES + STAGES * STAGE_BYTES); }
-    __device__ u16* p() const { return (u16*)(base + Q_BYTES + STAGES * STAGE_BYTES + KT_BYTES); }
-    __device__ float* red() const {
-        return (float*)(base + Q_BYTES + STAGES * STAGE_BYTES + KT_BYTES + P_BYTES);
-    }
+    __device__ u16* p() const { return (u16*)(base + Q_BYTES + STAGES * STAGE_BYTES); }
+    __device__ float* red() const { return (float*)(base + Q_BYTES + STAGES * STAGE_BYTES + P_BYTES); }
     __device__ i64* offsets(int s) const {
-        return (i64*)(base + Q_BYTES + STAGES * STAGE_BYTES + KT_BYTES + P_BYTES + RED_BYTES) + s * BN;
+        return (i64*)(base + Q_BYTES + STAGES * STAGE_BYTES + P_BYTES + RED_BYTES) + s * BN;
     }
 };
 
@@ -108,7 +107,7 @@ struct Smem {
 
 /// Shared memory the kernel needs, read by the host through the symbol below.
 extern "C" __constant__ int mla_decode_smem_bytes =
-    Q_BYTES + STAGES * STAGE_BYTES + KT_BYTES + P_BYTES + RED_BYTES + OFF_BYTES;
+    Q_BYTES + STAGES * STAGE_BYTES + P_BYTES + RED_BYTES + OFF_BYTES;
 
 namespace {
 
@@ -151,29 +150,89 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm,
     }
 }
 
-/// Step 3: a staged tile not in the model dtype into one the products read: fp8 codes as f16
-/// (unscaled) into the tile of its own, the other 16-bit type in place, in the model dtype
-/// (each thread rewrites the 16 bytes it read). Returns the tile the products read.
-__device__ __forceinline__ const u16* convert_tile(const Smem& sm, int s, float k_scale) {
+/// Step 3: a staged tile in the other 16-bit type rewritten in place in the model dtype (each
+/// thread rewrites the 16 bytes it reads).
+__device__ __forceinline__ void convert_tile(const Smem& sm, int s, float k_scale) {
     constexpr int GROUPS = D / 8;  // 8 elements per conversion
     constexpr int STEPS = (BN * GROUPS + THREADS - 1) / THREADS;
-    unsigned char* stage = sm.stage(s);
-    u16* kt = FP8 ? sm.kt() : (u16*)stage;
+    u16* stage = (u16*)sm.stage(s);
 #pragma unroll 2
     for (int i = 0; i < STEPS; ++i) {
         const int c = threadIdx.x + i * THREADS;
         if ((BN * GROUPS) % THREADS != 0 && c >= BN * GROUPS) break;
-        const int j = c / GROUPS, g = c % GROUPS;
-        const unsigned char* src = stage + j * STAGE_ROW + g * 8 * KV_ELEM;
-        u32x4 out;
-        if (FP8) {
-            out = fp8x8_to_f16<KV>(*(const u32x2*)src);
-        } else {
-            out = convert8<KV, BF16>(*(const u32x4*)src, k_scale);
-        }
-        *(u32x4*)(kt + j * DP + g * 8) = out;
+        u32x4* at = (u32x4*)(stage + (c / GROUPS) * DP + (c % GROUPS) * 8);
+        *at = convert8<KV, BF16>(*at, k_scale);
     }
-    return kt;
+}
+
+// fp8 products (steps 4 and 6) on the raw codes. An mma fragment pairs consecutive elements
+// of the contracted index, but a thread of an 8-byte-or-wider load holds consecutive columns
+// of one key; so each product permutes an index that the sums do not care about:
+// - the scores permute the contracted columns within each group of 16 NS columns (NS steps of
+//   16): step s of lane column c takes columns 4 NS c + 4 s .. + 4 of the group, so a lane
+//   loads its key's 4 NS codes at once and q's 2 NS pairs at once (q stays in place: the same
+//   columns of both operands meet);
+// - the value product permutes the output columns within each group of 8 VG columns (VG
+//   n-tiles): fragment column g of n-tile j is column VG g + j, so a lane loads VG codes of
+//   each of its four keys at once and pairs the keys' bytes with one prmt for two n-tiles.
+//   The output is written back through the same map (v_col).
+
+/// Scores over one group of 16 NS columns starting at col0: acc[s % S_CHAINS][n] += the
+/// fragments of step s, for the warp's NT_S n-tiles of keys (rows of `keys`, 8 STAGE_ROW
+/// apart). q_lane: byte address of q's row g; q's row g + 8 is 8 DP halves further.
+template <int NS>
+__device__ __forceinline__ void scores_fp8(float (&acc)[S_CHAINS][NT_S][4], u32 q_lane, u32 keys, int col0, int c) {
+    u32 qg[2 * NS], qh[2 * NS];  // q's pairs 2 NS c .. of the group: rows g and g + 8
+    ld_shared_words<2 * NS>(qg, q_lane + (col0 + 4 * NS * c) * 2);
+    ld_shared_words<2 * NS>(qh, q_lane + (8 * DP + col0 + 4 * NS * c) * 2);
+#pragma unroll
+    for (int n = 0; n < NT_S; ++n) {
+        u32 k[NS];  // the key's codes 4 NS c .. of the group, 4 a step
+        ld_shared_words<NS>(k, keys + n * 8 * STAGE_ROW + col0 + 4 * NS * c);
+#pragma unroll
+        for (int st = 0; st < NS; ++st) {
+            const u32 a[4] = {qg[2 * st], qh[2 * st], qg[2 * st + 1], qh[2 * st + 1]};
+            const u32x2 b = fp8x4_to_f16<KV>(k[st]);
+            mma_16816<false>(acc[st % S_CHAINS][n], a, b.x, b.y);
+        }
+    }
+}
+
+/// n-tiles of the value product's column groups (see above): 8 where they divide the warp's,
+/// else 4 (L a multiple of 128, as the host requires, gives a multiple of 4).
+constexpr int VG = NT_O % 8 == 0 ? 8 : 4;
+/// Column groups of the scores unrolled: 3 (as the 16-bit loop), 1 under the 128 registers of
+/// four row groups (3 spilled there).
+constexpr int FP8_UNROLL = MW == 4 ? 1 : 3;
+static_assert(!FP8 || NT_O % 4 == 0, "fp8 needs L a multiple of 128");
+
+/// Output column of fragment column `col` (0..7) of n-tile i of warp wc (the map above).
+__device__ __forceinline__ int v_col(int wc, int i, int col) {
+    return wc * COLS_W + (i / VG) * 8 * VG + VG * col + i % VG;
+}
+
+/// o[i] += P V over 16 keys (`a`: P's fragment) for the warp's n-tiles, V's codes read from
+/// the 4 keys of lane column c (k0 + 2c, + 1, + 8, + 9; `keys`: byte address of key k0 + 2c
+/// at the warp's column 0 + VG g).
+__device__ __forceinline__ void values_fp8(float (&o)[NT_O][4], const u32 (&a)[4], u32 keys) {
+    constexpr int W = VG / 4;  // words of VG codes
+#pragma unroll
+    for (int grp = 0; grp < NT_O / VG; ++grp) {
+        u32 v[4][W];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            ld_shared_words<W>(v[r], keys + ((r & 1) + (r >> 1) * 8) * STAGE_ROW + grp * 8 * VG);
+        }
+#pragma unroll
+        for (int j = 0; j < VG; j += 2) {
+            // Bytes j and j + 1 of keys (0, 1) and (8, 9): [k0.j, k1.j, k0.j+1, k1.j+1].
+            const u32 sel = (j % 4) | (4 + j % 4) << 4 | (j % 4 + 1) << 8 | (5 + j % 4) << 12;
+            const u32x2 lo = fp8x4_to_f16<KV>(__byte_perm(v[0][j / 4], v[1][j / 4], sel));
+            const u32x2 hi = fp8x4_to_f16<KV>(__byte_perm(v[2][j / 4], v[3][j / 4], sel));
+            mma_16816<false>(o[grp * VG + j], a, lo.x, hi.x);
+            mma_16816<false>(o[grp * VG + j + 1], a, lo.y, hi.y);
+        }
+    }
 }
 
 /// The CTA's shared memory.
@@ -260,7 +319,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
 
         const u16* kt = (const u16*)sm.stage(st);
         if (CONVERT) {
-            kt = convert_tile(sm, st, k_scale);
+            convert_tile(sm, st, k_scale);
             __syncthreads();
         }
 
@@ -271,19 +330,28 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         for (int a = 0; a < S_CHAINS; ++a)
 #pragma unroll
             for (int n = 0; n < NT_S; ++n) acc[a][n][0] = acc[a][n][1] = acc[a][n][2] = acc[a][n][3] = 0.0f;
-        const u32 k_lane = smem_addr(kt + (wc * KEYS_W + lane % 8) * DP + ((lane / 8) % 2) * 8);
+        if constexpr (FP8) {
+            const u32 q_row = smem_addr(sm.q() + (rg * 16 + g) * DP);
+            const u32 keys_g = smem_addr(sm.stage(st) + (wc * KEYS_W + g) * STAGE_ROW);
+#pragma unroll FP8_UNROLL
+            for (int b = 0; b < D / 64; ++b) scores_fp8<4>(acc, q_row, keys_g, 64 * b, c);
+            if (D % 64 >= 32) scores_fp8<2>(acc, q_row, keys_g, D / 64 * 64, c);
+            if (D % 32 != 0) scores_fp8<1>(acc, q_row, keys_g, D - 16, c);
+        } else {
+            const u32 k_lane = smem_addr(kt + (wc * KEYS_W + lane % 8) * DP + ((lane / 8) % 2) * 8);
 #pragma unroll 3
-        for (int k0 = 0; k0 < D / 16; k0 += S_CHAINS) {
+            for (int k0 = 0; k0 < D / 16; k0 += S_CHAINS) {
 #pragma unroll
-            for (int a = 0; a < S_CHAINS; ++a) {
-                if ((D / 16) % S_CHAINS != 0 && k0 + a >= D / 16) break;
-                u32 qa[4];
-                ldmatrix_x4(qa, q_lane + (k0 + a) * 32);
+                for (int a = 0; a < S_CHAINS; ++a) {
+                    if ((D / 16) % S_CHAINS != 0 && k0 + a >= D / 16) break;
+                    u32 qa[4];
+                    ldmatrix_x4(qa, q_lane + (k0 + a) * 32);
 #pragma unroll
-                for (int n = 0; n < NT_S; ++n) {
-                    u32 b[2];
-                    ldmatrix_x2(b, k_lane + n * 8 * DP * 2 + (k0 + a) * 32);
-                    mma_16816<MMA_BF16>(acc[a][n], qa, b[0], b[1]);
+                    for (int n = 0; n < NT_S; ++n) {
+                        u32 b[2];
+                        ldmatrix_x2(b, k_lane + n * 8 * DP * 2 + (k0 + a) * 32);
+                        mma_16816<MMA_BF16>(acc[a][n], qa, b[0], b[1]);
+                    }
                 }
             }
         }
@@ -347,17 +415,24 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
             o[i][2] *= alpha[1];
             o[i][3] *= alpha[1];
         }
-        const u32 v_lane = smem_addr(kt + (lane % 8 + ((lane / 8) % 2) * 8) * DP + wc * COLS_W + (lane / 16) * 8);
+        // fp8: the codes of keys 2c, 2c + 1, 2c + 8, 2c + 9 of each 16 (values_fp8); else V
+        // through ldmatrix.trans.
+        const u32 v_lane = FP8 ? smem_addr(sm.stage(st) + 2 * c * STAGE_ROW + wc * COLS_W + VG * g)
+                               : smem_addr(kt + (lane % 8 + ((lane / 8) % 2) * 8) * DP + wc * COLS_W + (lane / 16) * 8);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             u32 a[4];
             ldmatrix_x4(a, p_lane + kk * 32);
+            if constexpr (FP8) {
+                values_fp8(o, a, v_lane + kk * 16 * STAGE_ROW);
+            } else {
 #pragma unroll
-            for (int n = 0; n < NT_O / 2; ++n) {
-                u32 b[4];
-                ldmatrix_x4_trans(b, v_lane + (kk * 16 * DP + n * 16) * 2);
-                mma_16816<MMA_BF16>(o[2 * n], a, b[0], b[1]);
-                mma_16816<MMA_BF16>(o[2 * n + 1], a, b[2], b[3]);
+                for (int n = 0; n < NT_O / 2; ++n) {
+                    u32 b[4];
+                    ldmatrix_x4_trans(b, v_lane + (kk * 16 * DP + n * 16) * 2);
+                    mma_16816<MMA_BF16>(o[2 * n], a, b[0], b[1]);
+                    mma_16816<MMA_BF16>(o[2 * n + 1], a, b[2], b[3]);
+                }
             }
         }
         // Tile t + STAGES's offsets go where tile t's were (issued STAGES - 1 iterations ago);
@@ -388,9 +463,26 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     for (int h = 0; h < 2; ++h) {
         const int head = head0 + rg * 16 + g + 8 * h;
         if (head >= p.heads) continue;
-        const int col0 = wc * COLS_W + 2 * c;
         const i64 at = piece_at(p, pc, ROWS, head - head0, row, head);
-        store_pairs<BF16, L, NT_O, 8>(p, at, row, head, col0, [&](int i, int e) { return o[i][2 * h + e] * inv[h]; });
+        if constexpr (FP8 && VG == 8) {
+            // Group grp's n-tiles j at fragment columns 2c + f are columns 16c + 8f + j of it
+            // (v_col's map): 16 consecutive columns a lane.
+#pragma unroll
+            for (int grp = 0; grp < NT_O / 8; ++grp) {
+                float v[16];
+#pragma unroll
+                for (int i = 0; i < 16; ++i) v[i] = o[grp * 8 + i % 8][2 * h + i / 8] * inv[h];
+                store_quad_run16<BF16, L>(p, at, row, head, v_col(wc, grp * 8, 0), v);
+            }
+        } else if constexpr (FP8) {
+            // Pair i: n-tiles 2 (i / 2) and + 1 at fragment column 2c + i % 2 (v_col's map).
+            store_pairs_at<BF16, L, NT_O>(
+                p, at, row, head, [&](int i) { return v_col(wc, 2 * (i / 2), 2 * c + i % 2); },
+                [&](int i, int e) { return o[2 * (i / 2) + e][2 * h + i % 2] * inv[h]; });
+        } else {
+            store_pairs<BF16, L, NT_O, 8>(p, at, row, head, wc * COLS_W + 2 * c,
+                                          [&](int i, int e) { return o[i][2 * h + e] * inv[h]; });
+        }
         if (wc == 0 && c == 0) store_lse(p, at, row, head, lse[h]);
     }
 }

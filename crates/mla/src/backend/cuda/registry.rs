@@ -265,8 +265,9 @@ impl Variant {
         }
     }
 
-    /// Whether the cache is fp8 (e4m3 or e5m2): the stage-1 kernels stage its raw bytes and
-    /// convert them into a tile of the model dtype.
+    /// Whether the cache is fp8 (e4m3 or e5m2): the stage-1 kernels stage its raw bytes (the
+    /// mma kernel's products convert them in registers, the others into a tile of the model
+    /// dtype).
     pub fn fp8(&self) -> bool {
         self.kv >= 2
     }
@@ -341,15 +342,15 @@ impl Variant {
         let (rows, bn) = (16 * self.row_warps, BLOCK_N);
         let d = self.kv_lora_rank + self.rope_dim;
         let dp = d + 8;
-        let fp8 = self.fp8(); // fp8 stages raw bytes and converts into a tile of its own
-        let stage_row = if fp8 { d } else { dp * 2 };
+        // fp8 stages raw codes (rows padded by 16 bytes), which the products convert in
+        // registers.
+        let stage_row = if self.fp8() { d + 16 } else { dp * 2 };
         let q = rows * dp * 2;
         let stages = self.stages * bn * stage_row;
-        let kt = if fp8 { bn * dp * 2 } else { 0 };
         let p = rows * (bn + 8) * 2;
         let red = self.row_warps * 4 * 16 * 4;
         let offsets = self.stages * bn * 8;
-        q + stages + kt + p + red + offsets
+        q + stages + p + red + offsets
     }
 }
 
@@ -544,6 +545,9 @@ fn mma_variant(heads: usize, shape: KernelShape, smem_limit: usize) -> Option<Va
     let want = match heads {
         0..=16 => 1,
         17..=32 => 2,
+        // An fp8 cache's products convert its codes in registers, which the 128 registers a
+        // thread of four row groups cannot hold without spills.
+        _ if shape.kv.is_fp8() => 2,
         _ => 4,
     };
     let max_stages = if shape.kv.is_fp8() { 6 } else { 4 };
@@ -816,12 +820,12 @@ mod tests {
             v.smem_bytes(),
             74_752 + 4 * 37_376 + 5_120 + 1_024 + 4 * 256
         );
-        // fp8: three raw stages of 576 bytes per key and the converted tile.
+        // fp8: four raw stages of 592 bytes per key (576 and the padding).
         let v = mma_variant(16, bf16(KvFormat::Fp8E4m3), 232_448).unwrap();
-        assert_eq!(v.stages, 3);
+        assert_eq!(v.stages, 4);
         assert_eq!(
             v.smem_bytes(),
-            18_688 + 3 * 32 * 576 + 32 * 1168 + 1_280 + 256 + 3 * 256
+            18_688 + 4 * 32 * 592 + 1_280 + 256 + 4 * 256
         );
     }
 
@@ -836,12 +840,15 @@ mod tests {
         let stages = |h, kv: KvFormat, limit| mma_variant(h, bf16(kv), limit).map(|v| v.stages);
         assert_eq!(stages(16, KvFormat::Bf16, 232_448), Some(2)); // two CTAs per SM
         assert_eq!(stages(32, KvFormat::Bf16, 232_448), Some(4)); // one CTA: the deepest
-        assert_eq!(stages(16, KvFormat::Fp8E4m3, 232_448), Some(3)); // two CTAs
+        assert_eq!(stages(16, KvFormat::Fp8E4m3, 232_448), Some(4)); // two CTAs
         assert_eq!(stages(128, KvFormat::Bf16, 232_448), Some(4)); // one CTA: the deepest
         assert_eq!(stages(128, KvFormat::Bf16, 166_912), Some(2));
         assert_eq!(stages(16, KvFormat::Bf16, 166_912), Some(3));
         assert_eq!(stages(16, KvFormat::Bf16, 101_376), Some(2));
         assert_eq!(pick(128, 49_152), None);
+        let fp8 = |h| mma_variant(h, bf16(KvFormat::Fp8E4m3), 232_448).map(|v| v.row_warps);
+        assert_eq!(fp8(128), Some(2)); // at most two row groups: registers
+        assert_eq!(fp8(16), Some(1));
     }
 
     #[test]
