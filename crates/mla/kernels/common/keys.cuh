@@ -22,15 +22,24 @@ __device__ __forceinline__ int page_of(const DecodeParams& p, int pos) {
     return (ps & (ps - 1)) == 0 ? pos >> (__ffs(ps) - 1) : pos / ps;
 }
 
-/// Whether key `pos` of request `req` has an entry in the block table, and where (`at`): not
-/// when the key is past `end` or its page lies outside the table (the row-level check raised
-/// the flag). Apart from the load, so that a kernel can start the load and use it later.
-__device__ __forceinline__ bool table_entry(const DecodeParams& p, int req, int pos, int end, i64& at) {
-    if (pos >= end) return false;
-    const int page = page_of(p, pos);
+/// The slot of key `pos` (>= 0) in its page.
+__device__ __forceinline__ int slot_of(const DecodeParams& p, int pos) {
+    return pos - page_of(p, pos) * p.page_size;
+}
+
+/// Whether page `page` of request `req` has an entry in the block table, and where (`at`):
+/// not when it lies outside the table (the row-level check raised the flag).
+__device__ __forceinline__ bool page_entry(const DecodeParams& p, int req, int page, i64& at) {
     if (page >= p.max_blocks) return false;
     at = req * p.block_table_stride + page;
     return true;
+}
+
+/// Whether key `pos` of request `req` has an entry in the block table, and where (`at`): not
+/// when the key is past `end` or its page lies outside the table (page_entry). Apart from the
+/// load, so that a kernel can start the load and use it later.
+__device__ __forceinline__ bool table_entry(const DecodeParams& p, int req, int pos, int end, i64& at) {
+    return pos < end && page_entry(p, req, page_of(p, pos), at);
 }
 
 /// The block id of key `pos` of request `req`; NO_KEY where it has no table entry. The
@@ -55,8 +64,7 @@ __device__ __forceinline__ bool bad_block(const DecodeParams& p, i64 block) {
 template <int ELEM>
 __device__ __forceinline__ i64 key_offset(const DecodeParams& p, int pos, i64 block) {
     if (block == NO_KEY || bad_block(p, block)) return -1;
-    const int slot = pos - page_of(p, pos) * p.page_size;
-    return (block * p.page_stride + (i64)slot * p.token_stride) * ELEM;
+    return (block * p.page_stride + (i64)slot_of(p, pos) * p.token_stride) * ELEM;
 }
 
 /// The workspace slot of split `split` of row `row`, head `head` on the split grid

@@ -85,24 +85,12 @@ __device__ __forceinline__ u32x2 ld_shared_u32x2(u32 addr) {
     asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
     return v;
 }
-/// W 32-bit words (W = 1, 2, 4 or 8; 4 and 8 at a 16-byte aligned address) from shared
-/// memory at a 32-bit shared address, in as few loads as their width allows.
-template <int W>
-__device__ __forceinline__ void ld_shared_words(u32 (&w)[W], u32 addr) {
-    static_assert(W == 1 || W == 2 || W % 4 == 0, "1, 2 or a multiple of 4 words");
-    if constexpr (W == 1) {
-        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(w[0]) : "r"(addr) : "memory");
-    } else if constexpr (W == 2) {
-        asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "r"(addr) : "memory");
-    } else {
-#pragma unroll
-        for (int i = 0; i < W / 4; ++i) {
-            asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(w[4 * i]), "=r"(w[4 * i + 1]), "=r"(w[4 * i + 2]), "=r"(w[4 * i + 3])
-                         : "r"(addr + 16 * i)
-                         : "memory");
-        }
-    }
+/// 16 bytes from shared memory at a 32-bit shared address, in program order.
+__device__ __forceinline__ u32x4 ld_shared_u32x4(u32 addr) {
+    u32x4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
+                 : "memory");
+    return v;
 }
 /// 16 bytes to shared memory at a 32-bit shared address, in program order.
 __device__ __forceinline__ void st_shared_u32x4(u32 addr, u32x4 v) {
@@ -125,6 +113,28 @@ __device__ __forceinline__ float ld_shared_f32(u32 addr) {
     float v;
     asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
     return v;
+}
+/// W 32-bit words (W = 1, 2 or a multiple of 4; 16-byte aligned for a multiple of 4) from
+/// shared memory at a 32-bit shared address, in as few loads as their width allows.
+template <int W>
+__device__ __forceinline__ void ld_shared_words(u32 (&w)[W], u32 addr) {
+    static_assert(W == 1 || W == 2 || W % 4 == 0, "1, 2 or a multiple of 4 words");
+    if constexpr (W == 1) {
+        w[0] = ld_shared_u32(addr);
+    } else if constexpr (W == 2) {
+        const u32x2 v = ld_shared_u32x2(addr);
+        w[0] = v.x;
+        w[1] = v.y;
+    } else {
+#pragma unroll
+        for (int i = 0; i < W / 4; ++i) {
+            const u32x4 v = ld_shared_u32x4(addr + 16 * i);
+            w[4 * i] = v.x;
+            w[4 * i + 1] = v.y;
+            w[4 * i + 2] = v.z;
+            w[4 * i + 3] = v.w;
+        }
+    }
 }
 
 /// `x` as a value the compiler cannot see through: an address computed from it inside a loop

@@ -156,7 +156,7 @@ __device__ __forceinline__ TileBlocks gather_blocks(const DecodeParams& p, const
     const int block = mine.block(p);
 #pragma unroll
     for (int b = 0; b < MAX_BOXES; ++b) t.block[b] = __shfl_sync(0xffffffffu, block, b);
-    t.slot_in_page = boxes.count == 1 ? first - page_of(p, first) * p.page_size : 0;
+    t.slot_in_page = boxes.count == 1 ? slot_of(p, first) : 0;
     return t;
 }
 

@@ -160,11 +160,8 @@ struct Box {
     int entry = 0;      // the table's entry, once read
     bool has = false;   // whether the box has one (box_entry's rule)
 
-    __device__ Box(const DecodeParams& p, int first, const TileBoxes& boxes, int lane) {
-        const int pos = first + lane * boxes.box;
-        page = page_of(p, pos);
-        slot = pos - page * p.page_size;
-    }
+    __device__ Box(const DecodeParams& p, int first, const TileBoxes& boxes, int lane)
+        : page(page_of(p, first + lane * boxes.box)), slot(slot_of(p, first + lane * boxes.box)) {}
 
     /// The same box two tiles on.
     __device__ void skip_two(const DecodeParams& p, const TileBoxes& boxes) {
@@ -182,8 +179,9 @@ struct Box {
     /// Starts the read of its entry in the tile from `first` (box_entry's rule, on the page kept).
     __device__ void read(const DecodeParams& p, int req, int first, const TileBoxes& boxes, const KeyRange& keys,
                          int lane) {
-        has = box_holds_keys(first, boxes, keys, lane) && page < p.max_blocks;
-        entry = has ? p.block_table[req * p.block_table_stride + page] : 0;
+        i64 at;
+        has = box_holds_keys(first, boxes, keys, lane) && page_entry(p, req, page, at);
+        entry = has ? p.block_table[at] : 0;
     }
 
     /// Its copies' block coordinate (box_block's).
