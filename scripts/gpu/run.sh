@@ -62,7 +62,7 @@ run_test() {
 try_failed=0
 if has tests; then
   for t in cuda_contract cuda_runtime cuda_sanitize cuda_schedule; do run_test $t ""; done
-  for k in wgmma mma narrow seesaw; do
+  for k in wgmma mma narrow seesaw wgmma_fp8; do
     for t in cuda_contract cuda_runtime; do run_test $t $k; done
   done
   # The device-computed schedule (docs/scheduler.md) on both kernels that take it.
@@ -112,7 +112,7 @@ for tool in memcheck racecheck; do
   if has "$tool"; then
     trial=""
     [ "$try_ok" = 1 ] && trial=try
-    for k in "" wgmma narrow seesaw scheduled-wgmma scheduled-mma $trial; do runs+=("$tool:$k"); done
+    for k in "" wgmma narrow seesaw wgmma_fp8 scheduled-wgmma scheduled-mma $trial; do runs+=("$tool:$k"); done
   fi
 done
 for r in "${runs[@]}"; do

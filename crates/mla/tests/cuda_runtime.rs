@@ -184,7 +184,7 @@ fn bad_values_raise_the_device_flag_and_are_never_read() {
 
 #[test]
 fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
-    use registry::KernelChoice::{Auto, Mma, Narrow, Seesaw, Wgmma};
+    use registry::KernelChoice::{Auto, Mma, Narrow, Seesaw, Wgmma, WgmmaFp8};
     // What warmup builds and what each decode launches on this device. On sm_90a, 64 and 128
     // heads take the wgmma kernel whatever the cache; 16 heads take mma.sync for one token a
     // request and the wgmma kernel, tokens packed, for two or more (warmup builds both); 8
@@ -193,8 +193,11 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
     // which takes the decode where a split holds at least seesaw_min_split_keys(heads) keys
     // (40 requests of 1100 keys at 128 heads: one split each; 2 requests take many short
     // splits).
-    // MLA_KERNEL=mma|wgmma|narrow|seesaw forces a family (the seesaw kernel: single tokens
-    // with a cache in the model dtype on any split count, unless the decoder schedules).
+    // With MLA_KERNEL=wgmma_fp8 (not shipped yet), an fp8 cache under a bf16 query also
+    // builds the wgmma kernel's fp8 twin, which then takes every decode.
+    // MLA_KERNEL=mma|wgmma|narrow|seesaw|wgmma_fp8 forces a family (the seesaw kernel: single
+    // tokens with a cache in the model dtype on any split count, unless the decoder
+    // schedules; the fp8 twin: every fp8 decode, packed tokens too).
     let two = [1000, 37];
     let forty = [1100; 40];
     for (heads, kv, dtype, q_len, lengths) in [
@@ -205,6 +208,9 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         (16, KvFormat::Bf16, CacheDtype::Auto, 4, &two[..]),
         (8, KvFormat::Bf16, CacheDtype::Auto, 2, &two[..]),
         (128, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 1, &two[..]),
+        (64, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 2, &two[..]),
+        (32, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 2, &two[..]),
+        (16, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 1, &two[..]),
     ] {
         let mut s = spec(heads, 64, lengths, q_len, Mask::Causal);
         s.kv_format = kv;
@@ -215,7 +221,9 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         let st = gpu::stream(&dec);
         let p = Problem::generate(&case.spec).unwrap();
         let dp = p.to_device(&st).unwrap();
-        dec.reserve_workspace(lengths.len() * q_len, 1100).unwrap();
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        dec.reserve_workspace(lengths.len() * q_len, longest)
+            .unwrap();
         dec.register_decode_warmup(&dp.inputs(&p, false).unwrap().kv_cache, dtype)
             .unwrap();
         let cuda = dec.cuda_backend().unwrap();
@@ -230,7 +238,7 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         let packs = mla::plan::splits::packing(heads, q_len).is_some();
         let (wgmma_built, mma_built, launches_wgmma) = match choice {
             Mma => (false, true, false),
-            Wgmma => (hopper, !hopper, hopper),
+            Wgmma | WgmmaFp8 => (hopper, !hopper, hopper),
             // As shipped and with the narrow kernel forced (it runs where the wgmma one does
             // not).
             _ => (hopper, !(hopper && many), hopper && (many || packs)),
@@ -239,10 +247,13 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         // multi-token rows it packs (single tokens too when forced).
         let narrow_heads = if choice == Narrow { 16 } else { 8 };
         let narrow_built = hopper
-            && !matches!(choice, Mma | Wgmma)
+            && !matches!(choice, Mma | Wgmma | WgmmaFp8)
             && heads <= narrow_heads
-            && kv == KvFormat::Bf16;
+            && kv != KvFormat::F16;
         let narrow_launched = narrow_built && !launches_wgmma && (q_len > 1 || choice == Narrow);
+        let scheduling = registry::schedule_from_env().unwrap_or(false);
+        let fp8_built = hopper && kv.is_fp8() && !scheduling && choice == WgmmaFp8;
+        assert_eq!(families.contains(&Family::DecodeWgmmaFp8), fp8_built);
         let seesaw_built = hopper
             && (choice == Seesaw
                 || (choice == Auto && registry::seesaw_min_split_keys(heads).is_some()))
@@ -269,10 +280,13 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
                     .is_some_and(|keys| run.plan.split_keys() >= keys));
         // The case that is there for it does take it.
         assert!(seesaw_launched || !(seesaw_built && lengths == forty.as_slice()));
+        let fp8_launched = fp8_built;
         let launched = if narrow_launched {
             Family::DecodeNarrow
         } else if seesaw_launched {
             Family::DecodeSeesaw
+        } else if fp8_launched {
+            Family::DecodeWgmmaFp8
         } else if launches_wgmma {
             Family::DecodeWgmma
         } else {

@@ -44,6 +44,18 @@ fn sanitize_every_kernel_path() {
         .with_format(ModelDtype::Bf16, KvFormat::Fp8E4m3);
     s.k_scale = 0.25;
     cases.push(Case::new(s));
+    // The wgmma kernel's fp8 twin on Hopper (an fp8 cache under a 16-bit query, 17 heads or
+    // more): 128 heads with a k_scale, and 48 heads (a padded tile) x 3 tokens of an f16
+    // model over an e5m2 cache on 33-key pages, windowed.
+    let mut s = spec(128, 16, &[700, 3, 0, 65], 1, Mask::Causal)
+        .with_format(ModelDtype::Bf16, KvFormat::Fp8E4m3);
+    s.k_scale = 0.5;
+    cases.push(Case::new(s));
+    let mut twin = Case::new(
+        spec(48, 33, &[1500, 40], 3, Mask::Causal).with_format(ModelDtype::F16, KvFormat::Fp8E5m2),
+    );
+    twin.window = Some(300);
+    cases.push(twin);
     // The fp8-query mode (q and P as e4m3 codes): 20 heads x 2 tokens (mma; packed wgmma on
     // Hopper), and 128 heads (wgmma) with an f16 model and an e5m2 cache.
     for (heads, q_len, model, kv) in [
@@ -66,10 +78,11 @@ fn sanitize_every_kernel_path() {
 
 #[test]
 fn sanitize_bad_block_ids() {
-    // fp8 under f16 takes the mma kernel; on Hopper 128 bf16 heads the wgmma kernel and 8
-    // heads x 2 tokens the narrow kernel.
+    // fp8 under f16 takes the mma kernel; on Hopper 128 bf16 heads the wgmma kernel, 64
+    // fp8 heads its fp8 twin and 8 heads x 2 tokens the narrow kernel.
     for (heads, model, kv, q_len) in [
         (16, ModelDtype::F16, KvFormat::Fp8E5m2, 1),
+        (64, ModelDtype::Bf16, KvFormat::Fp8E4m3, 1),
         (128, ModelDtype::Bf16, KvFormat::Bf16, 1),
         (8, ModelDtype::Bf16, KvFormat::Bf16, 2),
     ] {

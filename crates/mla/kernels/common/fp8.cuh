@@ -85,23 +85,20 @@ __device__ __forceinline__ u32x4 convert8(u32x4 raw, float k_scale) {
 }
 
 /// Four fp8 codes (the bytes of `w`, the first lowest) as four f16, exactly and unscaled:
-/// codes 0 and 1 in .x, 2 and 3 in .y, each first in the low half. One instruction a pair on
-/// sm_89 and up (the high pair read in place, as the instruction's upper-half operand).
+/// codes 0 and 1 in .x, 2 and 3 in .y, each first in the low half. e5m2 is the top byte of
+/// an f16 (subnormals, infinities and NaN included), so a byte permute a pair places it, on
+/// the integer pipe; e4m3 takes one conversion instruction a pair on sm_89 and up (the high
+/// pair read in place, as the instruction's upper-half operand), which Hopper issues at a
+/// fraction of the integer rate.
 template <int KV_FORMAT>
 __device__ __forceinline__ u32x2 fp8x4_to_f16(u32 w) {
+    if (KV_FORMAT == 3) return {__byte_perm(w, 0u, 0x1404u), __byte_perm(w, 0u, 0x3424u)};
 #if __CUDA_ARCH__ >= 890
     u32x2 h;
-    if (KV_FORMAT == 2) {
-        asm("{.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\t"
-            "cvt.rn.f16x2.e4m3x2 %0, lo;\n\tcvt.rn.f16x2.e4m3x2 %1, hi;}"
-            : "=r"(h.x), "=r"(h.y)
-            : "r"(w));
-    } else {
-        asm("{.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\t"
-            "cvt.rn.f16x2.e5m2x2 %0, lo;\n\tcvt.rn.f16x2.e5m2x2 %1, hi;}"
-            : "=r"(h.x), "=r"(h.y)
-            : "r"(w));
-    }
+    asm("{.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\t"
+        "cvt.rn.f16x2.e4m3x2 %0, lo;\n\tcvt.rn.f16x2.e4m3x2 %1, hi;}"
+        : "=r"(h.x), "=r"(h.y)
+        : "r"(w));
     return h;
 #else
     float f[4];

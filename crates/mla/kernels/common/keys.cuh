@@ -148,6 +148,23 @@ __device__ __forceinline__ void store_quad_run16(const DecodeParams& p, i64 at, 
     }
 }
 
+/// Output columns col0 .. col0 + 8 of row `row`, head `head`, valued v[0 .. 8) (col0 a
+/// multiple of 8): rounded into o when `at` < 0 (four 4-byte stores: o is only 4-byte
+/// aligned), else f32 into the workspace's row `at` (two 16-byte stores).
+template <bool BF16, int L>
+__device__ __forceinline__ void store_run8(const DecodeParams& p, i64 at, int row, int head, int col0,
+                                           const float (&v)[8]) {
+    if (at < 0) {
+        u16* o = (u16*)p.o + row * p.o_row + head * p.o_head + col0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) *(u32*)(o + 2 * i) = pack2<BF16>(v[2 * i], v[2 * i + 1]);
+    } else {
+        float* w = p.part_o + at * L + col0;
+        *(f32x4*)w = f32x4{v[0], v[1], v[2], v[3]};
+        *(f32x4*)(w + 4) = f32x4{v[4], v[5], v[6], v[7]};
+    }
+}
+
 /// The LSE (natural log) of row `row`, head `head`: to lse when `at` < 0, else the partial's.
 __device__ __forceinline__ void store_lse(const DecodeParams& p, i64 at, int row, int head, float lse) {
     if (at < 0) {

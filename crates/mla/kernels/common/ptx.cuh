@@ -104,6 +104,15 @@ __device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
 __device__ __forceinline__ void st_shared_f32(u32 addr, float v) {
     asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
+/// 8 bytes (two floats) to and from shared memory at a 32-bit shared address, in program order.
+__device__ __forceinline__ void st_shared_f32x2(u32 addr, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1,%2};" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+__device__ __forceinline__ f32x2 ld_shared_f32x2(u32 addr) {
+    f32x2 v;
+    asm volatile("ld.shared.v2.f32 {%0,%1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+    return v;
+}
 __device__ __forceinline__ u32 ld_shared_u32(u32 addr) {
     u32 v;
     asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
@@ -135,6 +144,11 @@ __device__ __forceinline__ void ld_shared_words(u32 (&w)[W], u32 addr) {
             w[4 * i + 3] = v.w;
         }
     }
+}
+
+/// Waits at named barrier `id` (1 to 15; 0 is __syncthreads) for `threads` threads.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 /// `x` as a value the compiler cannot see through: an address computed from it inside a loop

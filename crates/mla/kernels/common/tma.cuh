@@ -78,11 +78,6 @@ __device__ __forceinline__ void set_max_registers() {
     }
 }
 
-/// Waits at named barrier `id` (1 to 15; 0 is __syncthreads) for `threads` threads.
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 /// Keys of a tile read by TMA: wgmma's 64 rows. Tiles start at multiples of it, so a tile
 /// never straddles a page of 64 keys or more, and pages of 8, 16 or 32 keys fill it whole.
 constexpr int TMA_TILE = 64;

@@ -227,6 +227,19 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const u32 (
 #undef MLA_WGMMA_256_RS
 }
 
+/// d[64 x 64] (f32, this thread's 32 values) += A[64 x 16] * B[16 x 64] in f16, A from this
+/// thread's registers `a` (wgmma's A fragment, as wgmma_m64n256k16_rs), B from shared memory,
+/// K-major (TRANS_B 0) or MN-major (1). The products of decode_wgmma_fp8, whose A operands are
+/// fp8 codes converted in registers. `a` must not change until the product is waited for.
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n64k16_rs_f16(float (&d)[32], const u32 (&a)[4], u64 desc_b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" MLA_D32 "}, "
+                 "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+                 : MLA_ACC32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B));
+}
+
 /// d[64 x N] (f32, this thread's N / 2 values) += A[64 x 16] * B[16 x N] for a narrow N (16
 /// or 32), both from shared memory; B K-major; A K-major, or MN-major with TRANS_A. The
 /// narrow kernel's products, whose 64 rows are keys (S^T = K Q^T) or latent columns

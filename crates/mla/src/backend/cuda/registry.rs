@@ -62,6 +62,10 @@ pub enum Family {
     /// a CTA, two 64-key tiles a step, the two warpgroups taking turns between softmax and
     /// products ("seesaw"), the keys by TMA chunk by chunk.
     DecodeSeesaw,
+    /// Stage 1 on Hopper (sm_90a) for an fp8 cache under a 16-bit query: the wgmma kernel's
+    /// grid, with both products turned around (S^T = K Q^T, O^T = V^T P^T) so that the codes
+    /// reach wgmma from registers, converted there.
+    DecodeWgmmaFp8,
     /// Stage 2: the merge of each row's splits.
     Combine,
     /// The work schedule of a scheduled decode (`MlaConfig::device_schedule`), from the
@@ -77,6 +81,7 @@ impl Family {
             Family::DecodeWgmma => "decode_wgmma/kernel.cu",
             Family::DecodeNarrow => "decode_narrow/kernel.cu",
             Family::DecodeSeesaw => "decode_seesaw/kernel.cu",
+            Family::DecodeWgmmaFp8 => "decode_wgmma_fp8/kernel.cu",
             Family::Combine => "combine/kernel.cu",
             Family::Schedule => "schedule/kernel.cu",
         }
@@ -89,6 +94,9 @@ impl Family {
             Family::DecodeWgmma => include_str!("../../../kernels/decode_wgmma/kernel.cu"),
             Family::DecodeNarrow => include_str!("../../../kernels/decode_narrow/kernel.cu"),
             Family::DecodeSeesaw => include_str!("../../../kernels/decode_seesaw/kernel.cu"),
+            Family::DecodeWgmmaFp8 => {
+                include_str!("../../../kernels/decode_wgmma_fp8/kernel.cu")
+            }
             Family::Combine => include_str!("../../../kernels/combine/kernel.cu"),
             Family::Schedule => include_str!("../../../kernels/schedule/kernel.cu"),
         }
@@ -106,6 +114,7 @@ impl Family {
             Family::DecodeWgmma => "mla_decode_wgmma",
             Family::DecodeNarrow => "mla_decode_narrow",
             Family::DecodeSeesaw => "mla_decode_seesaw",
+            Family::DecodeWgmmaFp8 => "mla_decode_wgmma_fp8",
             Family::Combine => "mla_decode_combine",
             Family::Schedule => "mla_schedule",
         }
@@ -213,6 +222,11 @@ impl Variant {
             ]),
             // A cache in the model dtype only (`seesaw_variant`).
             Family::DecodeSeesaw => d.push(format!("-DMLA_R={}", self.rope_dim)),
+            Family::DecodeWgmmaFp8 => d.extend([
+                format!("-DMLA_R={}", self.rope_dim),
+                format!("-DMLA_KV={}", self.kv),
+                format!("-DMLA_STAGES={}", self.stages),
+            ]),
             Family::Combine | Family::Schedule => {}
         }
         if self.scheduled {
@@ -238,9 +252,10 @@ impl Variant {
     pub fn tile_keys(&self) -> usize {
         match self.family {
             Family::DecodeMma => BLOCK_N,
-            Family::DecodeWgmma | Family::DecodeNarrow | Family::DecodeSeesaw => {
-                splits::WGMMA_TILE_KEYS
-            }
+            Family::DecodeWgmma
+            | Family::DecodeNarrow
+            | Family::DecodeSeesaw
+            | Family::DecodeWgmmaFp8 => splits::WGMMA_TILE_KEYS,
             Family::Combine | Family::Schedule => 0,
         }
     }
@@ -282,7 +297,7 @@ impl Variant {
     pub fn threads(&self) -> u32 {
         match self.family {
             Family::DecodeMma => 128 * self.row_warps as u32,
-            Family::DecodeWgmma | Family::DecodeSeesaw => 256,
+            Family::DecodeWgmma | Family::DecodeSeesaw | Family::DecodeWgmmaFp8 => 256,
             Family::DecodeNarrow => 384,
             Family::Combine => 32 * super::combine::WARPS as u32,
             Family::Schedule => 1024,
@@ -316,6 +331,21 @@ impl Variant {
                 let t = WGMMA_TILE;
                 let d = self.kv_lora_rank + self.rope_dim;
                 return 1024 + 3 * t * d * 2 + t * t * 2 + 5 * t * 4 + (2 * (d / 64) + 5) * 8;
+            }
+            Family::DecodeWgmmaFp8 => {
+                // 1024 bytes of alignment slack, q (64 x D, 16-bit), P^T (64 x 64, 16-bit),
+                // the ring of raw tiles (64 keys of D codes, rows padded by 16 bytes), a tile
+                // of key offsets a stage, the four warps' column maxima and two rows of 64
+                // floats (the rescale factors, the final maxima).
+                let t = WGMMA_TILE;
+                let d = self.kv_lora_rank + self.rope_dim;
+                return 1024
+                    + t * d * 2
+                    + t * t * 2
+                    + self.stages * t * (d + 16)
+                    + self.stages * t * 8
+                    + 4 * t * 4
+                    + 2 * t * 4;
             }
             Family::DecodeNarrow => {
                 // 1024 bytes of alignment slack, the ring of chunks (8 KB; fp8: 4 KB raw, and
@@ -385,16 +415,21 @@ pub enum KernelChoice {
     /// The seesaw kernel wherever it can run (every head count, one query token a CTA, pages
     /// it tiles), else as auto (for comparisons and tests).
     Seesaw,
+    /// The wgmma kernel's fp8 twin wherever it can run (every head count and query length,
+    /// one query token a CTA), else the wgmma kernel (for comparisons and tests).
+    WgmmaFp8,
 }
 
 impl KernelChoice {
-    /// From `MLA_KERNEL` (`mma`, `wgmma`, `narrow`, `seesaw`; anything else or unset: auto).
+    /// From `MLA_KERNEL` (`mma`, `wgmma`, `narrow`, `seesaw`, `wgmma_fp8`; anything else or
+    /// unset: auto).
     pub fn from_env() -> KernelChoice {
         match std::env::var("MLA_KERNEL").as_deref() {
             Ok("mma") => KernelChoice::Mma,
             Ok("wgmma") => KernelChoice::Wgmma,
             Ok("narrow") => KernelChoice::Narrow,
             Ok("seesaw") => KernelChoice::Seesaw,
+            Ok("wgmma_fp8") => KernelChoice::WgmmaFp8,
             _ => KernelChoice::Auto,
         }
     }
@@ -514,6 +549,28 @@ pub fn seesaw_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> 
     applies.then_some(v)
 }
 
+/// The most raw tiles the fp8 twin's ring holds (the third hides a DRAM latency the second
+/// leaves; a fourth does not fit beside q).
+pub const WGMMA_FP8_STAGES: usize = 3;
+
+/// The wgmma kernel's fp8 twin (products on the codes in registers), where it can run: an
+/// sm_90a device, an fp8 cache under a 16-bit query (the fp8-query mode keeps the wgmma
+/// kernel's fp8 scores), L = 512, whole 64-column chunks, and a ring of at least two tiles
+/// (the deepest up to [`WGMMA_FP8_STAGES`] that fits).
+pub fn wgmma_fp8_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> {
+    let applies = shape.kv.is_fp8()
+        && !shape.fp8_query
+        && shape.kv_lora_rank == 512
+        && (shape.kv_lora_rank + shape.rope_dim).is_multiple_of(64);
+    if !applies {
+        return None;
+    }
+    (2..=WGMMA_FP8_STAGES)
+        .rev()
+        .map(|stages| shape.variant(Family::DecodeWgmmaFp8, WGMMA_TILE / 16, stages))
+        .find(|v| v.smem_bytes() <= smem_limit)
+}
+
 /// The stage-1 variant for a decoder. On sm_90a (`wgmma`), the wgmma kernel where it applies
 /// and `choice` and the head count call for it. Otherwise the mma kernel: the most row groups
 /// (up to 4, fewer for few heads) that fit the device's shared memory, then the ring of tiles
@@ -529,7 +586,7 @@ pub fn decode_variant(
         KernelChoice::Auto | KernelChoice::Narrow | KernelChoice::Seesaw => {
             heads >= WGMMA_MIN_HEADS
         }
-        KernelChoice::Wgmma => true,
+        KernelChoice::Wgmma | KernelChoice::WgmmaFp8 => true,
         KernelChoice::Mma => false,
     };
     if wgmma
@@ -590,6 +647,11 @@ pub struct Stage1 {
     /// pages it tiles, from [`SEESAW_MIN_HEADS`] heads (every head count when forced);
     /// none on a decoder that schedules on the device (it has no scheduled variant).
     pub seesaw: Option<Variant>,
+    /// With `MLA_KERNEL=wgmma_fp8` only (not yet shipped: compute-sanitizer's racecheck
+    /// reports hazards in it that are not explained), the kernel of every decode of an fp8
+    /// cache under a 16-bit query instead of `decode`: the wgmma kernel's fp8 twin; none on a
+    /// decoder that schedules on the device.
+    pub fp8: Option<Variant>,
     /// The family asked for: `MLA_KERNEL=narrow` also gives the narrow kernel single-token
     /// decodes, `MLA_KERNEL=seesaw` gives the seesaw kernel splits of any length.
     pub choice: KernelChoice,
@@ -606,7 +668,10 @@ impl Stage1 {
         choice: KernelChoice,
     ) -> Option<Stage1> {
         let decode = decode_variant(heads, shape, smem_limit, wgmma, choice)?;
-        let packs = wgmma && choice != KernelChoice::Mma && 2 * heads <= WGMMA_TILE;
+        // Forced, the fp8 twin takes every decode it can, packed ones too.
+        let packs = wgmma
+            && !matches!(choice, KernelChoice::Mma | KernelChoice::WgmmaFp8)
+            && 2 * heads <= WGMMA_TILE;
         let packed = packs
             .then(|| wgmma_variant(shape, smem_limit))
             .flatten()
@@ -615,7 +680,7 @@ impl Stage1 {
         let narrow_heads = match choice {
             KernelChoice::Narrow => splits::NARROW_ROWS,
             KernelChoice::Auto | KernelChoice::Seesaw => splits::NARROW_ROWS / 2,
-            KernelChoice::Mma | KernelChoice::Wgmma => 0,
+            KernelChoice::Mma | KernelChoice::Wgmma | KernelChoice::WgmmaFp8 => 0,
         };
         // The narrow kernel rounds an fp8 cache's values to the model dtype: it has no
         // fp8-query mode, whose decodes take the mma or the packed wgmma kernel instead.
@@ -625,16 +690,24 @@ impl Stage1 {
         let seesaw_heads = match choice {
             KernelChoice::Seesaw => true,
             KernelChoice::Auto => seesaw_min_split_keys(heads).is_some(),
-            KernelChoice::Mma | KernelChoice::Wgmma | KernelChoice::Narrow => false,
+            KernelChoice::Mma
+            | KernelChoice::Wgmma
+            | KernelChoice::Narrow
+            | KernelChoice::WgmmaFp8 => false,
         };
         let seesaw = (wgmma && seesaw_heads)
             .then(|| seesaw_variant(shape, smem_limit))
+            .flatten();
+        // Forced only (see the field); where the decoder's own kernel is the wgmma kernel.
+        let fp8 = (decode.family == Family::DecodeWgmma && choice == KernelChoice::WgmmaFp8)
+            .then(|| wgmma_fp8_variant(shape, smem_limit))
             .flatten();
         Some(Stage1 {
             decode,
             packed,
             narrow,
             seesaw,
+            fp8,
             choice,
         })
     }
@@ -669,7 +742,7 @@ impl Stage1 {
         match (self.narrow, tokens, self.seesaw) {
             (Some(n), Some(tokens), _) if tiles => (n, tokens),
             (_, _, Some(s)) if tiles && long_splits => (s, 1),
-            _ => (self.decode, 1),
+            _ => (self.fp8.unwrap_or(self.decode), 1),
         }
     }
 
@@ -689,6 +762,7 @@ impl Stage1 {
             .chain(self.packed)
             .chain(self.narrow)
             .chain(self.seesaw)
+            .chain(self.fp8)
     }
 }
 
@@ -779,6 +853,9 @@ pub fn all_variants(smem_limit: usize, wgmma: bool) -> Vec<Variant> {
             if wgmma && let Some(v) = seesaw_variant(shape, smem_limit) {
                 out.push(v);
             }
+            if wgmma && let Some(v) = wgmma_fp8_variant(shape, smem_limit) {
+                out.push(v);
+            }
         }
         let combine = combine_variant(512, model);
         out.extend([
@@ -827,6 +904,62 @@ mod tests {
             v.smem_bytes(),
             18_688 + 4 * 32 * 592 + 1_280 + 256 + 4 * 256
         );
+        // The wgmma kernel's fp8 twin: 1 KB of alignment, q 64 x 576 x 2, P^T 64 x 64 x 2,
+        // three raw stages of 64 keys x 592 bytes, three tiles of key offsets, 4 x 64 column
+        // maxima and 2 x 64 floats.
+        let v = wgmma_fp8_variant(bf16(KvFormat::Fp8E4m3), 232_448).unwrap();
+        assert_eq!(v.stages, 3);
+        assert_eq!(
+            v.smem_bytes(),
+            1_024 + 73_728 + 8_192 + 3 * 64 * 592 + 3 * 512 + 1_024 + 512
+        );
+    }
+
+    #[test]
+    fn the_wgmma_kernels_fp8_twin_takes_every_fp8_decode_when_forced_and_none_otherwise() {
+        use KernelChoice::{Auto, Mma, Narrow, Seesaw, Wgmma, WgmmaFp8};
+        let limit = smem_limit_of_arch(9, 0);
+        for model in [ModelDtype::Bf16, ModelDtype::F16] {
+            for kv in [KvFormat::Fp8E4m3, KvFormat::Fp8E5m2] {
+                let shape = KernelShape::deepseek(model, kv);
+                let twin = wgmma_fp8_variant(shape, limit).unwrap();
+                assert_eq!(twin.family, Family::DecodeWgmmaFp8);
+                let choose = |heads, choice| Stage1::choose(heads, shape, limit, true, choice);
+                // Forced: every head count, query length, page size and split, packed
+                // tokens too; warmup builds it.
+                for heads in [1, 16, 17, 32, 64, 128] {
+                    let s = choose(heads, WgmmaFp8).unwrap();
+                    assert_eq!(s.fp8, Some(twin));
+                    assert!(s.variants().any(|v| v == twin));
+                    for (q_len, page, split_keys) in [(1, 64, 4096), (1, 7, 64), (4, 16, 500)] {
+                        assert_eq!(s.launch(heads, q_len, page, split_keys), (twin, 1));
+                    }
+                }
+                // Not shipped: every other choice keeps its kernels.
+                for choice in [Auto, Mma, Wgmma, Narrow, Seesaw] {
+                    for heads in [16, 64, 128] {
+                        assert_eq!(choose(heads, choice).unwrap().fp8, None);
+                    }
+                }
+                // Not before sm_90a; not in the fp8-query mode (the wgmma kernel's fp8
+                // scores).
+                let sm89 = Stage1::choose(128, shape, smem_limit_of_arch(8, 9), false, WgmmaFp8);
+                assert_eq!(sm89.unwrap().fp8, None);
+                let fp8_query = KernelShape {
+                    fp8_query: true,
+                    ..shape
+                };
+                assert_eq!(wgmma_fp8_variant(fp8_query, limit), None);
+            }
+            let bf16_cache = KernelShape::deepseek(model, KvFormat::Bf16);
+            assert_eq!(wgmma_fp8_variant(bf16_cache, limit), None);
+        }
+        // Other widths: whole 64-column groups under L = 512 only.
+        let narrow_rope = KernelShape {
+            rope_dim: 32,
+            ..bf16(KvFormat::Fp8E4m3)
+        };
+        assert_eq!(wgmma_fp8_variant(narrow_rope, limit), None);
     }
 
     #[test]

@@ -1,0 +1,475 @@
+/**
+ * @file decode_wgmma_fp8/kernel.cu
+ * @brief Stage 1 on Hopper's warpgroup MMA (sm_90a) for an fp8 cache under a 16-bit query:
+ * decode_wgmma's grid and outputs (one query token's 64 heads a CTA, 64 keys a tile), with
+ * both products turned around so that the raw fp8 codes reach the tensor cores from
+ * registers, converted there, instead of through a converted tile in shared memory:
+ *
+ *     S^T [64 keys x 64 heads] = K [64 x D] Q^T [D x 64]    A: the key codes, in registers
+ *     O^T [L x 64 heads]      += V^T [L x 64] P^T [64 x 64]  A: the value codes, in registers
+ *
+ * wgmma takes only its A operand from registers, and A is what a thread can build from the
+ * raw codes it loads; B (q, then P^T) comes from shared memory in the 128-byte swizzle.
+ * NOTES.md beside this file has the design and the measurements.
+ *
+ * Each product permutes an index its sums ignore, so that one load a lane feeds its
+ * fragments (as decode_mma's fp8 products do):
+ * - S^T's contracted columns, within each group of 64: k-step s of lane column c (lane % 4)
+ *   takes columns 16 c + 4 s .. + 4, so a lane's 16-byte load of a key's 16 codes is its A
+ *   fragment for the group's four k-steps; q is rewritten once in the same order (permute_q);
+ * - O^T's rows (latent columns) within each warp's 64: m-tile i, fragment row g + 8 h of
+ *   warp w is column 64 w + 8 g + 2 i + h of the warpgroup's 256, so a lane's 8-byte load of
+ *   one key is its rows of all four m-tiles, and one prmt pairs two keys' bytes; the output
+ *   goes back through the same map, 8 consecutive columns a head and thread (store_run8).
+ *
+ * Block: two warpgroups (256 threads), one CTA an SM. Shared memory: q (64 x D f16,
+ * swizzled), P^T (64 keys x 64 heads f16, swizzled, MN-major), a ring of STAGES raw tiles
+ * (64 keys x D codes, rows padded to D + 16 bytes: the lanes of a quad then load from
+ * different banks), key offsets, the four warps' column maxima, the rescale factors. Per
+ * tile t:
+ *   1. every thread waits for its copies of tile t (cp.async), barrier; warpgroup 1 issues
+ *      tile t + STAGES - 1 and reads the block ids of the tile after it;
+ *   2. warpgroup 0: S^T (36 wgmma of k = 16, A converted a 64-column group at a time, two
+ *      groups' registers alternating so that one converts while the other multiplies); the
+ *      softmax per head (a column): mask past the split, the column max over the four warps
+ *      through shared memory (a named barrier), P^T = 2^(S scale - m) as f16 into shared
+ *      memory, the rescale factors beside it; each thread keeps partial column sums;
+ *   3. barrier; both warpgroups: O^T = O^T alpha + V^T P^T for their 256 latent columns
+ *      (4 m-tiles of 64 x 64 f32, 128 registers a thread), A converted a k-step at a time.
+ * At the end, the sums over the warps, O / l and the LSE, to o and lse (one split) or the
+ * split's workspace slot. k_scale (one scale for K and V) goes on the scores and the output;
+ * a bf16 q is rewritten as f16 times a power of two (common/fp8.cuh, "Products in f16").
+ *
+ * Kernel-development switches (MLA_EXTRA_DEFINES, never in a shipped build): MLA_EXP_NO_S,
+ * MLA_EXP_NO_PV drop a product with its conversions, to time the rest (results are wrong).
+ *
+ * Compile-time configuration (-D):
+ *   MLA_L, MLA_R   latent and rotary widths (L = 512; (L + R) % 64 == 0)
+ *   MLA_BF16       1: the model dtype is bf16, 0: f16
+ *   MLA_KV         2: fp8 e4m3; 3: fp8 e5m2
+ *   MLA_STAGES     raw tiles in the ring (at least 2)
+ */
+#include "common/fp8.cuh"
+#include "common/keys.cuh"
+#include "common/ptx.cuh"
+#include "common/rows.cuh"
+#include "common/schedule.cuh"
+#include "common/wgmma.cuh"
+#include "params.cuh"
+
+namespace {
+
+constexpr bool BF16 = MLA_BF16 != 0;
+constexpr int L = MLA_L;
+constexpr int R = MLA_R;
+constexpr int D = L + R;
+constexpr int KV = MLA_KV;
+constexpr int STAGES = MLA_STAGES;
+constexpr int M = 64;            // heads per CTA
+constexpr int BN = 64;           // keys per tile
+constexpr int THREADS = 256;     // two warpgroups
+constexpr int ROW = D + 16;      // bytes per staged key (codes, padded)
+constexpr int KEY_PIECES = D / 16;
+constexpr int GROUPS = D / 64;   // the scores' 64-column groups
+constexpr int COLS = L / 2;      // latent columns per warpgroup
+constexpr int MT = COLS / 64;    // m-tiles of O^T per warpgroup
+constexpr float LN2 = 0.69314718055994530942f;
+
+static_assert(L == 512, "two warpgroups of four 64-row m-tiles cover L = 512");
+static_assert(D % 64 == 0, "rows must be whole 64-column groups");
+static_assert(KV == 2 || KV == 3, "an fp8 cache");
+static_assert(STAGES >= 2, "a ring of at least two tiles");
+
+constexpr int Q_BYTES = M * D * 2;
+constexpr int P_BYTES = BN * M * 2;
+constexpr int STAGE_BYTES = BN * ROW;
+constexpr int OFF_BYTES = STAGES * BN * 8;
+constexpr int RED_BYTES = 4 * M * 4;   // a float per warp of warpgroup 0 and head
+constexpr int STAT_BYTES = 2 * M * 4;  // alpha, then the final maxima
+constexpr int ALIGN = 1024;            // swizzle atoms must be 1024-byte aligned
+static_assert(Q_BYTES % ALIGN == 0 && STAGE_BYTES % 16 == 0, "layout alignment");
+
+struct Smem {
+    unsigned char* base;  // 1024-byte aligned
+    __device__ unsigned char* q() const { return base; }
+    __device__ unsigned char* pt() const { return base + Q_BYTES; }
+    __device__ unsigned char* stage(int s) const { return base + Q_BYTES + P_BYTES + s * STAGE_BYTES; }
+    __device__ i64* offsets(int s) const { return (i64*)stage(STAGES) + s * BN; }
+    __device__ float* red() const { return (float*)offsets(STAGES); }
+    __device__ float* alpha() const { return red() + 4 * M; }
+    __device__ float* maxima() const { return alpha() + M; }
+};
+
+}  // namespace
+
+/// Shared memory the kernel needs (the host checks it against its own count).
+extern "C" __constant__ int mla_decode_smem_bytes =
+    ALIGN + Q_BYTES + P_BYTES + STAGES * STAGE_BYTES + OFF_BYTES + RED_BYTES + STAT_BYTES;
+
+namespace {
+
+/// A tile of keys into stage `s`, row-major raw codes (ROW bytes a key). Called by WARPS warps
+/// from `first_warp` on: warp w takes keys w, w + WARPS, ...; lane l the key's pieces l,
+/// l + 32 (a key of D codes is KEY_PIECES pieces of 16 bytes). Offsets < 0 zero-fill.
+template <int WARPS>
+__device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, const i64* offsets, int s,
+                                          int first_warp) {
+    constexpr int LANE_STEPS = (KEY_PIECES + 31) / 32;
+    const int warp = threadIdx.x / 32 - first_warp, lane = threadIdx.x % 32;
+    const u32 stage = smem_addr(sm.stage(s));
+#pragma unroll
+    for (int jj = 0; jj < BN / WARPS; ++jj) {
+        const int j = warp + jj * WARPS;
+        const i64 off = offsets[j];
+        const bool valid = off >= 0;
+        const unsigned char* src = (const unsigned char*)p.kv + (valid ? off : 0);
+#pragma unroll
+        for (int k = 0; k < LANE_STEPS; ++k) {
+            const int c = lane + 32 * k;
+            if (KEY_PIECES % 32 == 0 || k + 1 < LANE_STEPS || c < KEY_PIECES) {
+                cp_async16(stage + j * ROW + c * 16, src + (valid ? c * 16 : 0), valid);
+            }
+        }
+    }
+}
+
+/// q (f16, swizzled) rewritten in the scores' column order: within each 64-column group,
+/// logical column 16 s + 8 hi + 2 c + e holds column 16 c + 4 s + 2 hi + e (the A fragment
+/// order of a 16-byte load, above). A thread a (row, group): its 8 pieces in, permuted in
+/// registers, out in place. Every thread calls it; it ends with a barrier.
+__device__ __forceinline__ void permute_q(const Smem& sm) {
+    for (int task = threadIdx.x; task < M * GROUPS; task += THREADS) {
+        const int r = task / GROUPS, grp = task % GROUPS;
+        u32 in[32];  // pair (2 columns) 4 k + i of the group: piece k, word i
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const u32x4 v = *(const u32x4*)(sm.q() + swizzled<M>(r, 8 * grp + k));
+            in[4 * k] = v.x;
+            in[4 * k + 1] = v.y;
+            in[4 * k + 2] = v.z;
+            in[4 * k + 3] = v.w;
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            // Logical piece k = 2 s + hi holds pairs 8 c + 2 s + hi for c = 0 .. 3.
+            *(u32x4*)(sm.q() + swizzled<M>(r, 8 * grp + k)) = u32x4{in[k], in[8 + k], in[16 + k], in[24 + k]};
+        }
+    }
+    fence_proxy_async();  // q is read by wgmma
+    __syncthreads();
+}
+
+/// Step 2's products: s = S^T for the tile staged at `keys` (byte address of this thread's
+/// key 16 w + g at its column 16 c), B = q (descriptor `qd`). Group grp's A fragments: the
+/// 16 codes of keys g and g + 8 at columns 64 grp + 16 c, four k-steps of four registers.
+/// A commit group a k-step and two fragments alternating (a wait for the one before last
+/// before each conversion): the conversion of step ks + 1 runs while step ks multiplies, in
+/// the few registers that o, s and the softmax's state leave.
+__device__ __forceinline__ void scores(float (&s)[32], u32 keys, u64 qd) {
+    u32 a[2][4];
+#pragma unroll
+    for (int grp = 0; grp < GROUPS; ++grp) {
+        const u32x4 kg = ld_shared_u32x4(keys + 64 * grp);
+        const u32x4 kh = ld_shared_u32x4(keys + 8 * ROW + 64 * grp);
+        const u32 wr[4] = {kg.x, kg.y, kg.z, kg.w}, wh[4] = {kh.x, kh.y, kh.z, kh.w};
+#pragma unroll
+        for (int st = 0; st < 4; ++st) {
+            const int ks = 4 * grp + st;
+            if (ks >= 2) wgmma_wait<1>();  // step ks - 2 is done with a[ks % 2]
+            const u32x2 x = fp8x4_to_f16<KV>(wr[st]), y = fp8x4_to_f16<KV>(wh[st]);
+            u32(&f)[4] = a[ks % 2];
+            f[0] = x.x;  // row g, logical columns 2c, 2c + 1
+            f[1] = y.x;  // row g + 8
+            f[2] = x.y;  // row g, 2c + 8, 2c + 9
+            f[3] = y.y;
+            wgmma_fence();
+            wgmma_m64n64k16_rs_f16<0>(s, f, desc_at(qd, grp * (M * 128) + st * 32), ks > 0);
+            wgmma_commit();
+        }
+    }
+    wgmma_wait<0>();
+}
+
+/// Step 3's products: o[i] += V^T P^T over the tile staged at `keys` (byte address of key 2c
+/// at this thread's latent column 64 w + 8 g of the warpgroup's), B = P^T (descriptor `pd`,
+/// MN-major). k-step kk: the 8 codes of keys 16 kk + 2c, + 1, + 8, + 9; bytes 2 i + h of a
+/// key are row g + 8 h of m-tile i, and one prmt pairs two keys' bytes for both rows. A
+/// commit group a product, fragments alternating, as in scores.
+__device__ __forceinline__ void values(float (&o)[MT][32], u32 keys, u64 pd) {
+    u32 a[2][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+        u32x2 v[4];  // keys 2c, 2c + 1, 2c + 8, 2c + 9 of the step
+#pragma unroll
+        for (int r = 0; r < 4; ++r) v[r] = ld_shared_u32x2(keys + (16 * kk + (r & 1) + (r >> 1) * 8) * ROW);
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+            const int n = MT * kk + i;
+            if (n >= 2) wgmma_wait<1>();
+            const int j = (2 * i) % 4;
+            // Bytes j and j + 1 of keys (0, 1): [k0.j, k1.j, k0.j+1, k1.j+1].
+            const u32 sel = j | (4 + j) << 4 | (j + 1) << 8 | (5 + j) << 12;
+            const u32 w0 = i < 2 ? v[0].x : v[0].y, w1 = i < 2 ? v[1].x : v[1].y;
+            const u32 w2 = i < 2 ? v[2].x : v[2].y, w3 = i < 2 ? v[3].x : v[3].y;
+            const u32x2 lo = fp8x4_to_f16<KV>(__byte_perm(w0, w1, sel));
+            const u32x2 hi = fp8x4_to_f16<KV>(__byte_perm(w2, w3, sel));
+            u32(&f)[4] = a[n % 2];
+            f[0] = lo.x;  // row g, keys 2c, 2c + 1
+            f[1] = lo.y;  // row g + 8
+            f[2] = hi.x;  // row g, keys 2c + 8, 2c + 9
+            f[3] = hi.y;
+            wgmma_fence();
+            wgmma_m64n64k16_rs_f16<1>(o[i], f, desc_at(pd, kk * 2048), 1);
+            wgmma_commit();
+        }
+    }
+    wgmma_wait<0>();
+}
+
+/// Step 2's softmax on warpgroup 0's S^T (s[4 j + e]: key 16 w + g + 8 (e / 2) of the tile,
+/// head 8 j + 2 c + e % 2), per head: keys at or past `end` masked (only the last tile has
+/// any: `inside` false), the column max over the four warps (red, a named barrier), the
+/// running max m (base 2, scaled) and this thread's partial sums l (head 8 j + 2 c + b at
+/// index 2 j + b) rescaled, P^T rounded to f16 into shared memory and the rescale factors
+/// (exactly 1 when the max did not move) beside it.
+template <bool MASKED>
+__device__ __forceinline__ void softmax_of(float (&s)[32], float (&m)[16], float (&l)[16], int first, int end,
+                                           float sc, const Smem& sm, int w, int g, int c) {
+    float cm[16];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            if (MASKED && first + 16 * w + g + 8 * (e / 2) >= end) s[4 * j + e] = bits_to_float(0xff800000u);
+        }
+#pragma unroll
+        for (int b = 0; b < 2; ++b) cm[2 * j + b] = fmaxf(s[4 * j + b], s[4 * j + 2 + b]);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        cm[i] = fmaxf(cm[i], __shfl_xor_sync(0xffffffffu, cm[i], 4));
+        cm[i] = fmaxf(cm[i], __shfl_xor_sync(0xffffffffu, cm[i], 8));
+        cm[i] = fmaxf(cm[i], __shfl_xor_sync(0xffffffffu, cm[i], 16));
+    }
+    // Shared memory through 32-bit addresses from bases the compiler cannot see through:
+    // else it keeps a 64-bit generic address per access live across the tile loop (spills).
+    const u32 red = opaque_u32(smem_addr(sm.red())) + 4 * (2 * c);  // head 2c; + 4 (M w + 8 j) below
+    if (g == 0) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) st_shared_f32x2(red + 4 * (w * M + 8 * j), cm[2 * j], cm[2 * j + 1]);
+    }
+    named_barrier(1, THREADS / 2);
+    float alpha[16];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        f32x2 t = ld_shared_f32x2(red + 4 * 8 * j);
+#pragma unroll
+        for (int ww = 1; ww < 4; ++ww) {
+            const f32x2 u = ld_shared_f32x2(red + 4 * (ww * M + 8 * j));
+            t.x = fmaxf(t.x, u.x);
+            t.y = fmaxf(t.y, u.y);
+        }
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+            const int i = 2 * j + b;
+            // Every tile holds a key of the CTA's (tiles start inside its range), so m is
+            // finite from the first tile on.
+            const float m_new = fmaxf(m[i], (b ? t.y : t.x) * sc);
+            alpha[i] = m_new == m[i] ? 1.0f : exp2_approx(m[i] - m_new);
+            m[i] = m_new;
+            l[i] *= alpha[i];
+        }
+    }
+    const u32 pt = opaque_u32(smem_addr(sm.pt())) + 4 * c;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float p0 = exp2_approx(fmaf(s[4 * j + 2 * h], sc, -m[2 * j]));
+            const float p1 = exp2_approx(fmaf(s[4 * j + 2 * h + 1], sc, -m[2 * j + 1]));
+            l[2 * j] += p0;
+            l[2 * j + 1] += p1;
+            const int key = 16 * w + g + 8 * h;
+            st_shared_u32(pt + swizzled<BN>(key, j), pack2<false>(p0, p1));
+        }
+    }
+    if (w == 0 && g == 0) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) st_shared_f32x2(red + 4 * (4 * M + 8 * j), alpha[2 * j], alpha[2 * j + 1]);
+    }
+    fence_proxy_async();  // P^T is read by wgmma next
+}
+
+/// The CTA's shared memory, aligned for the swizzle atoms.
+__device__ __forceinline__ Smem shared_layout() {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    return Smem{(unsigned char*)(((u64)smem_raw + ALIGN - 1) & ~(u64)(ALIGN - 1))};
+}
+
+__device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& sm, const Piece& pc) {
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wg = warp / 4, w = warp % 4;  // warpgroup, warp within it
+    const int g = lane / 4, c = lane % 4;
+    const int head_blocks = (p.heads + M - 1) / M;
+    const int req = pc.job / (head_blocks * p.query_len);
+    const int tok = (pc.job / head_blocks) % p.query_len;
+    const int row = req * p.query_len + tok;
+    const int head0 = (pc.job % head_blocks) * M;
+
+    const int len = request_len(p, req, tid == 0 && pc.split == 0);
+    const KeyRange keys = piece_keys(token_keys(p, len, tok), pc);
+    if (keys.start >= keys.end) {
+        if (pc.splits == 1) write_empty<M, THREADS, L>(p, row, head0);
+        return;
+    }
+    const int tiles = (keys.end - keys.start + BN - 1) / BN;
+    const float k_scale = read_k_scale(p, tid == 0 && pc.job == 0 && pc.split == 0);
+
+    // Offsets of the ring's first tiles now; tile t + STAGES's block ids are read during tile t.
+    if (tid < BN) {
+        for (int t = 0; t < STAGES; ++t) {
+            const int pos = keys.start + t * BN + tid;
+            sm.offsets(t)[tid] = key_offset<1>(p, pos, block_of(p, req, pos, keys.end));
+        }
+    }
+    copy_q<M, L, D, THREADS>(p, smem_addr(sm.q()), tid, [&](int r, int& qrow, int& head) {
+        qrow = row;
+        head = head0 + r;
+        return head < p.heads;
+    });
+    cp_async_commit();
+    __syncthreads();  // the offsets
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t) {
+        if (t < tiles) load_tile<THREADS / 32>(p, sm, sm.offsets(t), t, 0);
+        cp_async_commit();
+    }
+    float sc = p.scale_log2 * k_scale;
+    cp_async_wait_group<STAGES - 1>();  // q landed (the first tiles may fly on)
+    __syncthreads();
+    if (BF16) sc *= q_to_f16<THREADS>(sm.q(), M * (D / 8), [](int i) { return i * 16; }, (u32*)sm.alpha());
+    permute_q(sm);
+
+    float o[MT][32];
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+#pragma unroll
+        for (int k = 0; k < 32; ++k) o[i][k] = 0.0f;
+    }
+    float m[16], l[16];  // warpgroup 0: heads 8 j + 2 c + b (index 2 j + b)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        m[i] = bits_to_float(0xff800000u);
+        l[i] = 0.0f;
+    }
+    const u64 qd = smem_desc(smem_addr(sm.q()), 16, 1024);
+    const u32 pt_addr = smem_addr(sm.pt());
+
+    for (int t = 0; t < tiles; ++t) {
+        const int first = keys.start + t * BN;
+        const int st = t % STAGES;
+        // 1. Tile t landed for this thread; the barrier hands it to every thread. Everyone is
+        //    also done with tile t - 1 (its stage is free) and P^T.
+        cp_async_wait_group<STAGES - 2>();
+        __syncthreads();
+        const int lt = tid - THREADS / 2;  // warpgroup 1's thread index
+        const int ahead = first + STAGES * BN + lt;
+        if (wg == 1 && t + STAGES - 1 < tiles) {
+            load_tile<4>(p, sm, sm.offsets((t + STAGES - 1) % STAGES), (t + STAGES - 1) % STAGES, 4);
+        }
+        cp_async_commit();
+        const i64 next_block = lt >= 0 && lt < BN ? block_of(p, req, ahead, keys.end) : NO_KEY;
+        const u32 stage = smem_addr(sm.stage(st));
+
+        if (wg == 0) {
+            // 2. S^T and the softmax.
+            float s[32];
+#pragma unroll
+            for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+#ifndef MLA_EXP_NO_S
+            scores(s, stage + (16 * w + g) * ROW + 16 * c, opaque(qd));
+#endif
+            if (first + BN <= keys.end) {
+                softmax_of<false>(s, m, l, first, keys.end, sc, sm, w, g, c);
+            } else {
+                softmax_of<true>(s, m, l, first, keys.end, sc, sm, w, g, c);
+            }
+        }
+        __syncthreads();  // P^T and alpha of tile t are in shared memory
+
+        // 3. O^T = O^T alpha + V^T P^T.
+        const u32 alpha_at = opaque_u32(smem_addr(sm.alpha())) + 4 * (2 * c);  // heads 8 j + 2 c, 4 bytes a float
+        float al[16];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const f32x2 a = ld_shared_f32x2(alpha_at + 4 * 8 * j);
+            al[2 * j] = a.x;
+            al[2 * j + 1] = a.y;
+        }
+        bool moved = false;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) moved |= al[i] != 1.0f;
+        if (__any_sync(0xffffffffu, moved)) {  // most tiles keep every max
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+#pragma unroll
+                for (int k = 0; k < 32; ++k) o[i][k] *= al[2 * (k / 4) + k % 2];
+            }
+        }
+#ifndef MLA_EXP_NO_PV
+        values(o, stage + 2 * c * ROW + wg * COLS + 64 * w + 8 * g, opaque(smem_desc(pt_addr, BN * 128, 1024)));
+#endif
+        // Tile t + STAGES's offsets go where tile t's were (issued STAGES - 1 tiles ago); the
+        // next iteration's barrier publishes them.
+        if (lt >= 0 && lt < BN) sm.offsets(st)[lt] = key_offset<1>(p, ahead, next_block);
+    }
+
+    // 4. The column sums over the lanes of a column (same c) and the four warps, the final
+    //    maxima beside them; then O / l and the LSE.
+    if (wg == 0) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            l[i] += __shfl_xor_sync(0xffffffffu, l[i], 4);
+            l[i] += __shfl_xor_sync(0xffffffffu, l[i], 8);
+            l[i] += __shfl_xor_sync(0xffffffffu, l[i], 16);
+        }
+        if (g == 0) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                *(f32x2*)(sm.red() + w * M + 8 * j + 2 * c) = f32x2{l[2 * j], l[2 * j + 1]};
+                if (w == 0) *(f32x2*)(sm.maxima() + 8 * j + 2 * c) = f32x2{m[2 * j], m[2 * j + 1]};
+            }
+        }
+    }
+    __syncthreads();
+    const int col0 = wg * COLS + 64 * w + 8 * g;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+            const int r = 8 * j + 2 * c + b, head = head0 + r;
+            if (head >= p.heads) continue;
+            const float sum = sm.red()[r] + sm.red()[M + r] + sm.red()[2 * M + r] + sm.red()[3 * M + r];
+            const float inv = sum > 0.0f ? k_scale / sum : 0.0f;
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                v[2 * i] = o[i][4 * j + b] * inv;
+                v[2 * i + 1] = o[i][4 * j + 2 + b] * inv;
+            }
+            const i64 at = piece_at(p, pc, M, r, row, head);
+            store_run8<BF16, L>(p, at, row, head, col0, v);
+            if (wg == 0 && w == 0 && g == 0) {
+                store_lse(p, at, row, head, (sm.maxima()[r] + log2_approx(sum)) * LN2);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+// One CTA per SM: the accumulators take 128 registers a thread.
+extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_wgmma_fp8(const DecodeParams p) {
+    allow_dependent_launch();  // the combine may start launching (it waits for our writes)
+    decode_piece(p, shared_layout(), grid_piece(p));
+}
