@@ -67,6 +67,30 @@ __device__ __forceinline__ i64 key_offset(const DecodeParams& p, int pos, i64 bl
     return (block * p.page_stride + (i64)slot_of(p, pos) * p.token_stride) * ELEM;
 }
 
+/// A tile of BN keys into shared memory by cp.async, by WARPS warps from `first_warp` on:
+/// warp w takes keys w, w + WARPS, ...; lane l the key's 16-byte pieces l, l + 32, ... (PIECES
+/// a key; compile-time trip counts). offsets[j]: key j's byte offset in the cache, < 0 for a
+/// key that is zero-filled and never read; dst(j, c): the shared address of piece c of key j.
+template <int BN, int PIECES, int WARPS, typename Dst>
+__device__ __forceinline__ void copy_keys(const DecodeParams& p, const i64* offsets, int first_warp, Dst dst) {
+    constexpr int LANE_STEPS = (PIECES + 31) / 32;
+    const int warp = threadIdx.x / 32 - first_warp, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int jj = 0; jj < BN / WARPS; ++jj) {
+        const int j = warp + jj * WARPS;
+        const i64 off = offsets[j];
+        const bool valid = off >= 0;
+        const unsigned char* src = (const unsigned char*)p.kv + (valid ? off : 0);
+#pragma unroll
+        for (int k = 0; k < LANE_STEPS; ++k) {
+            const int c = lane + 32 * k;
+            if (PIECES % 32 == 0 || k + 1 < LANE_STEPS || c < PIECES) {
+                cp_async16(dst(j, c), src + (valid ? c * 16 : 0), valid);
+            }
+        }
+    }
+}
+
 /// The workspace slot of split `split` of row `row`, head `head` on the split grid
 /// ([rows, splits, H]); split s + 1 is p.heads slots further on.
 __device__ __forceinline__ i64 split_slot(const DecodeParams& p, int row, int split, int head) {

@@ -164,32 +164,18 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, co
     });
 }
 
-/// A tile of keys into stage `s`: swizzled for 16-bit caches, row-major raw bytes for fp8.
-/// Called by WARPS warps from `first_warp` on: warp w takes keys w, w + WARPS, ...; lane l
-/// the key's pieces l, l + 32, ... (compile-time trip counts).
+/// A tile of keys into stage `s`: swizzled for 16-bit caches, row-major raw bytes for fp8
+/// (64-byte swizzled in the fp8-query mode). By WARPS warps from `first_warp` on
+/// (common/keys.cuh, copy_keys).
 template <int WARPS>
 __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, const i64* offsets, int s,
                                           int first_warp) {
-    constexpr int LANE_STEPS = (KEY_PIECES + 31) / 32;
-    const int warp = threadIdx.x / 32 - first_warp, lane = threadIdx.x % 32;
     const u32 stage = smem_addr(sm.stage(s));
-#pragma unroll
-    for (int jj = 0; jj < BN / WARPS; ++jj) {
-        const int j = warp + jj * WARPS;
-        const i64 off = offsets[j];
-        const bool valid = off >= 0;
-        const unsigned char* src = (const unsigned char*)p.kv + (valid ? off : 0);
-#pragma unroll
-        for (int k = 0; k < LANE_STEPS; ++k) {
-            const int c = lane + 32 * k;
-            if (KEY_PIECES % 32 == 0 || k + 1 < LANE_STEPS || c < KEY_PIECES) {
-                const u32 dst = stage + (QFP8  ? swizzled64<BN>(j, c)
-                                         : FP8 ? j * (D * KV_ELEM) + c * 16
-                                               : swizzled<BN>(j, c));
-                cp_async16(dst, src + (valid ? c * 16 : 0), valid);
-            }
-        }
-    }
+    copy_keys<BN, KEY_PIECES, WARPS>(p, offsets, first_warp, [stage](int j, int c) {
+        return stage + (QFP8  ? swizzled64<BN>(j, c)
+                        : FP8 ? j * (D * KV_ELEM) + c * 16
+                              : swizzled<BN>(j, c));
+    });
 }
 
 /// Group `c` of 8 elements (key c / GROUPS, column group g0 + c % GROUPS) of a staged tile,

@@ -108,29 +108,14 @@ extern "C" __constant__ int mla_decode_smem_bytes =
 
 namespace {
 
-/// A tile of keys into stage `s`, row-major raw codes (ROW bytes a key). Called by WARPS warps
-/// from `first_warp` on: warp w takes keys w, w + WARPS, ...; lane l the key's pieces l,
-/// l + 32 (a key of D codes is KEY_PIECES pieces of 16 bytes). Offsets < 0 zero-fill.
+/// A tile of keys into stage `s`, row-major raw codes (ROW bytes a key), by WARPS warps from
+/// `first_warp` on (common/keys.cuh, copy_keys). Offsets < 0 zero-fill.
 template <int WARPS>
 __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, const i64* offsets, int s,
                                           int first_warp) {
-    constexpr int LANE_STEPS = (KEY_PIECES + 31) / 32;
-    const int warp = threadIdx.x / 32 - first_warp, lane = threadIdx.x % 32;
     const u32 stage = smem_addr(sm.stage(s));
-#pragma unroll
-    for (int jj = 0; jj < BN / WARPS; ++jj) {
-        const int j = warp + jj * WARPS;
-        const i64 off = offsets[j];
-        const bool valid = off >= 0;
-        const unsigned char* src = (const unsigned char*)p.kv + (valid ? off : 0);
-#pragma unroll
-        for (int k = 0; k < LANE_STEPS; ++k) {
-            const int c = lane + 32 * k;
-            if (KEY_PIECES % 32 == 0 || k + 1 < LANE_STEPS || c < KEY_PIECES) {
-                cp_async16(stage + j * ROW + c * 16, src + (valid ? c * 16 : 0), valid);
-            }
-        }
-    }
+    copy_keys<BN, KEY_PIECES, WARPS>(p, offsets, first_warp,
+                                     [stage](int j, int c) { return stage + j * ROW + c * 16; });
 }
 
 /// q (f16, swizzled) rewritten in the scores' column order: within each 64-column group,
