@@ -193,13 +193,16 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
     // which takes the decode where a split holds at least seesaw_min_split_keys(heads) keys
     // (40 requests of 1100 keys at 128 heads: one split each; 2 requests take many short
     // splits).
-    // With MLA_KERNEL=wgmma_fp8 (not shipped yet), an fp8 cache under a bf16 query also
-    // builds the wgmma kernel's fp8 twin, which then takes every decode.
+    // From 17 heads, an fp8 cache under a bf16 query also builds the wgmma kernel's fp8 twin,
+    // which takes the decodes whose splits hold WGMMA_FP8_MIN_SPLIT_KEYS keys or more (66
+    // requests of 2100 keys at 128 heads: one split each); with MLA_KERNEL=wgmma_fp8, every
+    // decode.
     // MLA_KERNEL=mma|wgmma|narrow|seesaw|wgmma_fp8 forces a family (the seesaw kernel: single
     // tokens with a cache in the model dtype on any split count, unless the decoder
     // schedules; the fp8 twin: every fp8 decode, packed tokens too).
     let two = [1000, 37];
     let forty = [1100; 40];
+    let long = [2100; 66];
     for (heads, kv, dtype, q_len, lengths) in [
         (128, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..]),
         (128, KvFormat::Bf16, CacheDtype::Auto, 1, &forty[..]),
@@ -208,6 +211,7 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         (16, KvFormat::Bf16, CacheDtype::Auto, 4, &two[..]),
         (8, KvFormat::Bf16, CacheDtype::Auto, 2, &two[..]),
         (128, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 1, &two[..]),
+        (128, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 1, &long[..]),
         (64, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 2, &two[..]),
         (32, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 2, &two[..]),
         (16, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 1, &two[..]),
@@ -252,7 +256,10 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
             && kv != KvFormat::F16;
         let narrow_launched = narrow_built && !launches_wgmma && (q_len > 1 || choice == Narrow);
         let scheduling = registry::schedule_from_env().unwrap_or(false);
-        let fp8_built = hopper && kv.is_fp8() && !scheduling && choice == WgmmaFp8;
+        let fp8_built = hopper
+            && kv.is_fp8()
+            && !scheduling
+            && (choice == WgmmaFp8 || (choice == Auto && many));
         assert_eq!(families.contains(&Family::DecodeWgmmaFp8), fp8_built);
         let seesaw_built = hopper
             && (choice == Seesaw
@@ -280,7 +287,11 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
                     .is_some_and(|keys| run.plan.split_keys() >= keys));
         // The case that is there for it does take it.
         assert!(seesaw_launched || !(seesaw_built && lengths == forty.as_slice()));
-        let fp8_launched = fp8_built;
+        let fp8_launched = fp8_built
+            && (choice == WgmmaFp8
+                || (!packs && run.plan.split_keys() >= registry::WGMMA_FP8_MIN_SPLIT_KEYS));
+        // The case that is there for it does take it.
+        assert!(fp8_launched || !(fp8_built && lengths == long.as_slice()));
         let launched = if narrow_launched {
             Family::DecodeNarrow
         } else if seesaw_launched {

@@ -68,7 +68,9 @@ fn sanitize_every_kernel_path() {
         case.fp8_query = true;
         cases.push(case);
     }
-    for case in &cases {
+    for (i, case) in cases.iter().enumerate() {
+        // Which case a sanitizer report comes from (its reports interleave with these lines).
+        eprintln!("sanitize case {i}");
         let Some(run) = gpu::run_case(case) else {
             return;
         };

@@ -549,6 +549,12 @@ pub fn seesaw_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> 
     applies.then_some(v)
 }
 
+/// The keys a split must hold for the wgmma kernel's fp8 twin to take a decode as shipped:
+/// from 2048 keys a split it is 1.15x to 1.29x faster than the wgmma kernel's fp8 path, at
+/// 512 and below slower (0.72x to 0.95x: its start rewrites q twice); BENCHMARKS.md,
+/// twelfth session.
+pub const WGMMA_FP8_MIN_SPLIT_KEYS: usize = 2048;
+
 /// The most raw tiles the fp8 twin's ring holds (the third hides a DRAM latency the second
 /// leaves; a fourth does not fit beside q).
 pub const WGMMA_FP8_STAGES: usize = 3;
@@ -647,10 +653,10 @@ pub struct Stage1 {
     /// pages it tiles, from [`SEESAW_MIN_HEADS`] heads (every head count when forced);
     /// none on a decoder that schedules on the device (it has no scheduled variant).
     pub seesaw: Option<Variant>,
-    /// With `MLA_KERNEL=wgmma_fp8` only (not yet shipped: compute-sanitizer's racecheck
-    /// reports hazards in it that are not explained), the kernel of every decode of an fp8
-    /// cache under a 16-bit query instead of `decode`: the wgmma kernel's fp8 twin; none on a
-    /// decoder that schedules on the device.
+    /// The wgmma kernel's fp8 twin, where the decoder's own kernel is the wgmma kernel over
+    /// an fp8 cache under a 16-bit query: it takes the decodes whose splits hold at least
+    /// [`WGMMA_FP8_MIN_SPLIT_KEYS`] keys (every decode with `MLA_KERNEL=wgmma_fp8`); none with
+    /// another kernel forced, or on a decoder that schedules on the device.
     pub fp8: Option<Variant>,
     /// The family asked for: `MLA_KERNEL=narrow` also gives the narrow kernel single-token
     /// decodes, `MLA_KERNEL=seesaw` gives the seesaw kernel splits of any length.
@@ -698,8 +704,9 @@ impl Stage1 {
         let seesaw = (wgmma && seesaw_heads)
             .then(|| seesaw_variant(shape, smem_limit))
             .flatten();
-        // Forced only (see the field); where the decoder's own kernel is the wgmma kernel.
-        let fp8 = (decode.family == Family::DecodeWgmma && choice == KernelChoice::WgmmaFp8)
+        // Where the decoder's own kernel is the wgmma kernel, unless that one is forced.
+        let fp8_choice = matches!(choice, KernelChoice::Auto | KernelChoice::WgmmaFp8);
+        let fp8 = (decode.family == Family::DecodeWgmma && fp8_choice)
             .then(|| wgmma_fp8_variant(shape, smem_limit))
             .flatten();
         Some(Stage1 {
@@ -719,8 +726,9 @@ impl Stage1 {
     /// narrow kernel where two or more tokens fit it next to the heads and it tiles the pages
     /// ([`splits::narrow_tokens`]; with `MLA_KERNEL=narrow`, single tokens too), else the
     /// seesaw kernel where the decoder has it, it tiles the pages and a split holds at least
-    /// [`seesaw_min_split_keys`] keys (any split with `MLA_KERNEL=seesaw`), else the
-    /// decoder's own.
+    /// [`seesaw_min_split_keys`] keys (any split with `MLA_KERNEL=seesaw`), else the fp8
+    /// twin where the decoder has it and a split holds at least [`WGMMA_FP8_MIN_SPLIT_KEYS`]
+    /// keys (any split with `MLA_KERNEL=wgmma_fp8`), else the decoder's own.
     pub fn launch(
         &self,
         heads: usize,
@@ -739,10 +747,13 @@ impl Stage1 {
         let tiles = splits::tma_pages(page_size);
         let long_splits = self.choice == KernelChoice::Seesaw
             || seesaw_min_split_keys(heads).is_some_and(|keys| split_keys >= keys);
-        match (self.narrow, tokens, self.seesaw) {
-            (Some(n), Some(tokens), _) if tiles => (n, tokens),
-            (_, _, Some(s)) if tiles && long_splits => (s, 1),
-            _ => (self.fp8.unwrap_or(self.decode), 1),
+        let fp8_splits =
+            self.choice == KernelChoice::WgmmaFp8 || split_keys >= WGMMA_FP8_MIN_SPLIT_KEYS;
+        match (self.narrow, tokens, self.seesaw, self.fp8) {
+            (Some(n), Some(tokens), _, _) if tiles => (n, tokens),
+            (_, _, Some(s), _) if tiles && long_splits => (s, 1),
+            (_, _, _, Some(f)) if fp8_splits => (f, 1),
+            _ => (self.decode, 1),
         }
     }
 
@@ -916,7 +927,7 @@ mod tests {
     }
 
     #[test]
-    fn the_wgmma_kernels_fp8_twin_takes_every_fp8_decode_when_forced_and_none_otherwise() {
+    fn the_wgmma_kernels_fp8_twin_takes_long_splits_as_shipped_and_every_decode_when_forced() {
         use KernelChoice::{Auto, Mma, Narrow, Seesaw, Wgmma, WgmmaFp8};
         let limit = smem_limit_of_arch(9, 0);
         for model in [ModelDtype::Bf16, ModelDtype::F16] {
@@ -935,14 +946,36 @@ mod tests {
                         assert_eq!(s.launch(heads, q_len, page, split_keys), (twin, 1));
                     }
                 }
-                // Not shipped: every other choice keeps its kernels.
-                for choice in [Auto, Mma, Wgmma, Narrow, Seesaw] {
+                // As shipped: from 17 heads (the wgmma kernel's), splits of at least
+                // WGMMA_FP8_MIN_SPLIT_KEYS keys, on any page size; the packed kernel keeps
+                // the tokens that pack (up to 32 heads).
+                let min = WGMMA_FP8_MIN_SPLIT_KEYS;
+                let s = choose(17, Auto).unwrap();
+                assert_eq!(s.launch(17, 1, 64, min), (twin, 1));
+                assert_eq!(s.launch(17, 1, 64, min - 1), (s.decode, 1));
+                for heads in [33, 64, 128] {
+                    let s = choose(heads, Auto).unwrap();
+                    assert_eq!(s.fp8, Some(twin));
+                    for (q_len, page) in [(1, 64), (1, 7), (2, 64), (3, 33)] {
+                        assert_eq!(s.launch(heads, q_len, page, min), (twin, 1));
+                        assert_eq!(s.launch(heads, q_len, page, 4 * min), (twin, 1));
+                        assert_eq!(s.launch(heads, q_len, page, min - 1), (s.decode, 1));
+                    }
+                    assert_eq!(s.decode.family, Family::DecodeWgmma);
+                }
+                let s = choose(17, Auto).unwrap();
+                assert_eq!(s.launch(17, 3, 64, 4 * min).0.family, Family::DecodeWgmma);
+                assert!(s.launch(17, 3, 64, 4 * min).0.packed);
+                // 16 heads take the mma kernel, which has no twin; a forced kernel keeps its
+                // own.
+                assert_eq!(choose(16, Auto).unwrap().fp8, None);
+                for choice in [Mma, Wgmma, Narrow, Seesaw] {
                     for heads in [16, 64, 128] {
                         assert_eq!(choose(heads, choice).unwrap().fp8, None);
                     }
                 }
                 // Not before sm_90a; not in the fp8-query mode (the wgmma kernel's fp8
-                // scores).
+                // scores), whose long splits keep the wgmma kernel.
                 let sm89 = Stage1::choose(128, shape, smem_limit_of_arch(8, 9), false, WgmmaFp8);
                 assert_eq!(sm89.unwrap().fp8, None);
                 let fp8_query = KernelShape {
@@ -950,6 +983,9 @@ mod tests {
                     ..shape
                 };
                 assert_eq!(wgmma_fp8_variant(fp8_query, limit), None);
+                let s = Stage1::choose(128, fp8_query, limit, true, Auto).unwrap();
+                assert_eq!(s.fp8, None);
+                assert_eq!(s.launch(128, 1, 64, min), (s.decode, 1));
             }
             let bf16_cache = KernelShape::deepseek(model, KvFormat::Bf16);
             assert_eq!(wgmma_fp8_variant(bf16_cache, limit), None);
