@@ -265,7 +265,7 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
             && (choice == Seesaw
                 || (choice == Auto && registry::seesaw_min_split_keys(heads).is_some()))
             && kv == KvFormat::Bf16
-            && !registry::schedule_from_env().unwrap_or(false);
+            && !scheduling;
         assert_eq!(families.contains(&Family::DecodeSeesaw), seesaw_built);
         assert_eq!(
             families.contains(&Family::DecodeWgmma),
@@ -315,7 +315,7 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         // on the device-computed schedule; packed tokens and the narrow kernel never do.
         let one_token =
             launched == Family::DecodeMma || (launched == Family::DecodeWgmma && !packs);
-        let scheduled = registry::schedule_from_env().unwrap_or(false) && one_token;
+        let scheduled = scheduling && one_token;
         assert_eq!(
             dec.cuda_backend().unwrap().scheduled_decodes() > 0,
             scheduled,

@@ -128,6 +128,21 @@ __device__ __forceinline__ void store_pairs(const DecodeParams& p, i64 at, int r
     store_pairs_at<BF16, L, PAIRS>(p, at, row, head, [col0](int i) { return col0 + STRIDE * i; }, value);
 }
 
+/// Output columns col .. col + 4 of row `row`, head `head`, valued x[0 .. 4) (col a multiple
+/// of 4): rounded into o when `at` < 0 (two 4-byte stores: o is only 4-byte aligned), else
+/// f32 into the workspace's row `at` (one 16-byte store).
+template <bool BF16, int L>
+__device__ __forceinline__ void store_run4(const DecodeParams& p, i64 at, int row, int head, int col,
+                                           const float* x) {
+    if (at < 0) {
+        u16* o = (u16*)p.o + row * p.o_row + head * p.o_head + col;
+        *(u32*)o = pack2<BF16>(x[0], x[1]);
+        *(u32*)(o + 2) = pack2<BF16>(x[2], x[3]);
+    } else {
+        *(f32x4*)(p.part_o + at * L + col) = f32x4{x[0], x[1], x[2], x[3]};
+    }
+}
+
 /// Output columns col0 + 16c .. + 16 of row `row`, head `head`, valued v[0 .. 16), where c =
 /// lane % 4 and col0 is the same for the four lanes of a quad (they hold 64 consecutive
 /// columns): rounded into o when `at` < 0, else f32 into the workspace's row `at`. The quad
@@ -159,34 +174,16 @@ __device__ __forceinline__ void store_quad_run16(const DecodeParams& p, i64 at, 
         }
     }
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        const int col = col0 + 16 * k + 4 * c;
-        const float* x = v + 4 * k;
-        if (at < 0) {
-            u16* o = (u16*)p.o + row * p.o_row + head * p.o_head + col;  // 4-byte aligned
-            *(u32*)o = pack2<BF16>(x[0], x[1]);
-            *(u32*)(o + 2) = pack2<BF16>(x[2], x[3]);
-        } else {
-            *(f32x4*)(p.part_o + at * L + col) = f32x4{x[0], x[1], x[2], x[3]};
-        }
-    }
+    for (int k = 0; k < 4; ++k) store_run4<BF16, L>(p, at, row, head, col0 + 16 * k + 4 * c, v + 4 * k);
 }
 
 /// Output columns col0 .. col0 + 8 of row `row`, head `head`, valued v[0 .. 8) (col0 a
-/// multiple of 8): rounded into o when `at` < 0 (four 4-byte stores: o is only 4-byte
-/// aligned), else f32 into the workspace's row `at` (two 16-byte stores).
+/// multiple of 8): two runs of four (store_run4).
 template <bool BF16, int L>
 __device__ __forceinline__ void store_run8(const DecodeParams& p, i64 at, int row, int head, int col0,
                                            const float (&v)[8]) {
-    if (at < 0) {
-        u16* o = (u16*)p.o + row * p.o_row + head * p.o_head + col0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) *(u32*)(o + 2 * i) = pack2<BF16>(v[2 * i], v[2 * i + 1]);
-    } else {
-        float* w = p.part_o + at * L + col0;
-        *(f32x4*)w = f32x4{v[0], v[1], v[2], v[3]};
-        *(f32x4*)(w + 4) = f32x4{v[4], v[5], v[6], v[7]};
-    }
+    store_run4<BF16, L>(p, at, row, head, col0, v);
+    store_run4<BF16, L>(p, at, row, head, col0 + 4, v + 4);
 }
 
 /// The LSE (natural log) of row `row`, head `head`: to lse when `at` < 0, else the partial's.

@@ -364,6 +364,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         cp_async_wait_group<STAGES - 2>();
         __syncthreads();
         const int lt = tid - THREADS / 2;  // warpgroup 1's thread index
+        const bool reads_ahead = lt >= 0 && lt < BN;  // a key of tile t + STAGES's each
         const int ahead = first + STAGES * BN + lt;
         if (wg == 1 && t + STAGES - 1 < tiles) {
             load_tile<4>(p, sm, sm.offsets((t + STAGES - 1) % STAGES), (t + STAGES - 1) % STAGES, 4);
@@ -391,7 +392,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         __syncthreads();  // the four warps' column maxima
         if (wg == 0) softmax_of(s, m, l, sc, sm, w, g, c);
         __syncthreads();  // P^T and alpha of tile t are in shared memory
-        const i64 next_block = lt >= 0 && lt < BN ? block_of(p, req, ahead, keys.end) : NO_KEY;
+        const i64 next_block = reads_ahead ? block_of(p, req, ahead, keys.end) : NO_KEY;
 
         // 3. O^T = O^T alpha + V^T P^T.
         const u32 alpha_at = opaque_u32(smem_addr(sm.alpha())) + 4 * (2 * c);  // heads 8 j + 2 c, 4 bytes a float
@@ -417,7 +418,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
 #endif
         // Tile t + STAGES's offsets go where tile t's were (issued STAGES - 1 tiles ago); the
         // next iteration's barrier publishes them.
-        if (lt >= 0 && lt < BN) sm.offsets(st)[lt] = key_offset<1>(p, ahead, next_block);
+        if (reads_ahead) sm.offsets(st)[lt] = key_offset<1>(p, ahead, next_block);
     }
 
     // 4. The column sums over the lanes of a column (same c) and the four warps, the final

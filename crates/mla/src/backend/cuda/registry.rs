@@ -550,9 +550,10 @@ pub fn seesaw_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> 
 }
 
 /// The keys a split must hold for the wgmma kernel's fp8 twin to take a decode as shipped:
-/// from 2048 keys a split it is 1.15x to 1.29x faster than the wgmma kernel's fp8 path, at
-/// 512 and below slower (0.72x to 0.95x: its start rewrites q twice); BENCHMARKS.md,
-/// twelfth session.
+/// from 2048 keys a split it is 1.12x to 1.17x faster than the wgmma kernel's fp8 path (with
+/// the CTA barrier of the thirteenth session; 1.15x to 1.29x before), at 512 and below
+/// slower (0.72x to 0.95x: its start rewrites q twice); BENCHMARKS.md, twelfth and
+/// thirteenth sessions.
 pub const WGMMA_FP8_MIN_SPLIT_KEYS: usize = 2048;
 
 /// The most raw tiles the fp8 twin's ring holds (the third hides a DRAM latency the second
