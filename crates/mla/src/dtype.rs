@@ -362,6 +362,25 @@ element!(bf16 => BF16, f16 => F16, f32 => F32, i32 => I32, u8 => U8, F8E4M3 => F
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        /// The kernels' fp8-query q codes divide by q_scale as `Divider` in
+        /// kernels/common/fp8.cuh does: the reciprocal rounded once, then one Markstein
+        /// correction of the product. That is the division, bit for bit, wherever the
+        /// quotient is a normal f32 (the host's rounding of q / q_scale).
+        #[test]
+        fn the_kernels_division_by_q_scale_is_the_division(
+            x in -1.0e30f32..1.0e30,
+            d in 1.0e-6f32..1.0e6,
+        ) {
+            let want = x / d;
+            proptest::prop_assume!(want == 0.0 || want.abs() >= f32::MIN_POSITIVE);
+            let inv = 1.0 / d;
+            let q = x * inv;
+            let got = if q.is_finite() { (-q).mul_add(d, x).mul_add(inv, q) } else { q };
+            proptest::prop_assert_eq!(got.to_bits(), want.to_bits(), "{} / {}", x, d);
+        }
+    }
+
     #[test]
     fn vllm_cache_dtype_names_parse() {
         let cases = [

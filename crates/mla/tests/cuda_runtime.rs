@@ -325,6 +325,48 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
 }
 
 #[test]
+fn the_fp8_query_mode_takes_the_fp8_twin_on_long_splits() {
+    use registry::KernelChoice::{Auto, WgmmaFp8};
+    // 128 heads, an fp8 cache, the fp8-query mode: on sm_90a the wgmma kernel takes splits
+    // shorter than WGMMA_FP8Q_MIN_SPLIT_KEYS keys and the twin (fp8 wgmma for both products)
+    // the longer ones (66 requests of 4200 keys: one split each, two CTAs a request), every
+    // split with MLA_KERNEL=wgmma_fp8; both against the reference with the mode's tolerances.
+    let short = [1000, 37];
+    let long = [4200; 66];
+    for lengths in [&short[..], &long[..]] {
+        let mut s = spec(128, 64, lengths, 1, Mask::Causal);
+        s.kv_format = KvFormat::Fp8E4m3;
+        s.q_scale = 0.05;
+        let mut case = Case::new(s);
+        case.fp8_query = true;
+        let Some(mut dec) = gpu::open(&case.config()) else {
+            return;
+        };
+        let run = gpu::run_case_on(&mut dec, &case);
+        gpu::assert_close(&case, &run);
+        let cuda = dec.cuda_backend().unwrap();
+        let choice = registry::KernelChoice::from_env();
+        let has_twin = cuda.target().wgmma() && !registry::schedule_from_env().unwrap_or(false);
+        let split_keys = run.plan.split_keys();
+        let twin_runs = has_twin
+            && (choice == WgmmaFp8
+                || (choice == Auto && split_keys >= registry::WGMMA_FP8Q_MIN_SPLIT_KEYS));
+        let name = dec.kernel_name(&run.plan);
+        println!(
+            "fp8 query, 128 heads x {} requests, {split_keys} keys a split: {name}",
+            lengths.len()
+        );
+        assert_eq!(name == Family::DecodeWgmmaFp8.entry(), twin_runs, "{name}");
+        // The case that is there for it does take it.
+        let shipped = has_twin && choice == Auto;
+        assert!(
+            twin_runs || !(shipped && lengths == long.as_slice()),
+            "{split_keys} keys a split"
+        );
+    }
+}
+
+#[test]
 fn the_configuration_turns_the_device_schedule_on() {
     // MlaConfig::device_schedule: single-token decodes run on the device-computed schedule
     // (unless the environment says MLA_SCHEDULE=0), right, on lengths far apart; a

@@ -174,6 +174,21 @@ __device__ __forceinline__ float q_to_f16(unsigned char* q, int chunks, At at, u
 /// mla::dtype::FP8_P_SCALE.
 constexpr float FP8_P_SCALE = 256.0f;
 
+/// x / d for many x and one d, rounded as the division rounds (the host's q / q_scale, bit
+/// for bit) at three FMA-pipe instructions a quotient instead of the division's eight and its
+/// slow-path check: the reciprocal rounded to nearest once, then Markstein's correction of
+/// the product, exact wherever the quotient is a normal f32 (checked on the CPU against the
+/// division over 10^8 random pairs). Where x / (1 / d) overflows the product (an infinity:
+/// the e4m3 conversion saturates it as it would the quotient) or is NaN, it is returned as is.
+struct Divider {
+    float d, inv;
+    __device__ explicit Divider(float divisor) : d(divisor), inv(__frcp_rn(divisor)) {}
+    __device__ __forceinline__ float of(float x) const {
+        const float q = __fmul_rn(x, inv);
+        return isfinite(q) ? fmaf(fmaf(-q, d, x), inv, q) : q;
+    }
+};
+
 #if __CUDA_ARCH__ >= 890
 /// Two f32 rounded to e4m3 as e4m3x2_as_f16x2 rounds them, as the two codes (`lo` in the low
 /// byte): what fp8 wgmma multiplies. sm_89 and up only.
@@ -181,6 +196,16 @@ __device__ __forceinline__ u32 e4m3x2_bits(float lo, float hi) {
     u16 b;
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(b) : "f"(hi), "f"(lo));
     return b;
+}
+
+/// The fp8-query mode's q codes: the four 16-bit elements (model dtype) of words `w0`, `w1`
+/// divided by q_scale (`by`) and rounded to e4m3, the first in the low byte. sm_89 and up
+/// only.
+template <bool BF16>
+__device__ __forceinline__ u32 q_codes4(u32 w0, u32 w1, const Divider& by) {
+    const u32 lo = e4m3x2_bits(by.of(half_to_float<BF16>(w0 & 0xffffu)), by.of(half_to_float<BF16>(w0 >> 16)));
+    const u32 hi = e4m3x2_bits(by.of(half_to_float<BF16>(w1 & 0xffffu)), by.of(half_to_float<BF16>(w1 >> 16)));
+    return lo | hi << 16;
 }
 #endif
 
@@ -224,9 +249,9 @@ __device__ __forceinline__ u32 e4m3x2_as_f16x2(float lo, float hi) {
 /// it ends with a barrier.
 template <int THREADS, bool BF16, typename At>
 __device__ __forceinline__ void q_to_e4m3(unsigned char* q, int chunks, At at, float q_scale) {
-    // A division, not a product with 1 / q_scale: the host's rounding, bit for bit.
+    const Divider by(q_scale);  // the host's q / q_scale, bit for bit
     rewrite_pairs<THREADS>(q, chunks, at,
-                           [q_scale](float lo, float hi) { return e4m3x2_as_f16x2(lo / q_scale, hi / q_scale); },
+                           [by](float lo, float hi) { return e4m3x2_as_f16x2(by.of(lo), by.of(hi)); },
                            [](u32 h) { return half_to_float<BF16>(h); });
 }
 

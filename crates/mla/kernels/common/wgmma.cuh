@@ -189,6 +189,28 @@ __device__ __forceinline__ void wgmma_m64n64k32_fp8(float (&d)[32], u64 desc_a, 
 #undef MLA_WGMMA_64_FP8
 }
 
+/// d[64 x 64] (f32, this thread's 32 values) += A[64 x 32] * B[32 x 64] on fp8 codes, A from
+/// this thread's registers (the 8-bit A fragment: a[0] row g = lane / 4 of the warp's 16,
+/// columns 4 (lane % 4) .. + 3, a[1] row g + 8, a[2], a[3] the same rows 16 columns on), A in
+/// the cache's format (KV_FORMAT 2: e4m3, 3: e5m2), B e4m3 K-major from shared memory. `a`
+/// must not change until the product is waited for; `accumulate` 0 overwrites d.
+template <int KV_FORMAT>
+__device__ __forceinline__ void wgmma_m64n64k32_rs_fp8(float (&d)[32], const u32 (&a)[4], u64 desc_b,
+                                                       int accumulate) {
+#define MLA_WGMMA_64_RS_FP8(ATYPE)                                                                 \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                     \
+                 "wgmma.mma_async.sync.aligned.m64n64k32.f32." ATYPE ".e4m3 {" MLA_D32 "}, "        \
+                 "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"                                          \
+                 : MLA_ACC32(d)                                                                    \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+    if (KV_FORMAT == 3) {
+        MLA_WGMMA_64_RS_FP8("e5m2");
+    } else {
+        MLA_WGMMA_64_RS_FP8("e4m3");
+    }
+#undef MLA_WGMMA_64_RS_FP8
+}
+
 /// d[64 x 256] (f32, this thread's 128 values) += A[64 x 16] * B[16 x 256], both from shared memory
 /// through descriptors; B MN-major (transposed). `accumulate` 0 overwrites d.
 template <bool BF16>

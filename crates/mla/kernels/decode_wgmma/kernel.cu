@@ -247,18 +247,12 @@ static_assert(!QFP8 || (THREADS / 2 / VHalf::GROUPS == 4 && BN * VHalf::GROUPS %
 /// e4m3(q / q_scale) into q's own 64-byte-swizzled tile, 8 elements a step. Every thread
 /// calls it after q landed and a barrier; the first tile's barrier publishes the codes.
 __device__ __forceinline__ void quantize_q(const Smem& sm, float q_scale) {
+    const Divider by(q_scale);
     for (int c = threadIdx.x; c < M * PIECES; c += THREADS) {
         const int r = c / PIECES, k = c % PIECES;
         const u32x4 v = *(const u32x4*)(sm.kt() + swizzled<M>(r, k));
-        const u32 w[4] = {v.x, v.y, v.z, v.w};
-        u32 b[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            // A division, not a product with 1 / q_scale: the host's rounding, bit for bit.
-            b[i] = e4m3x2_bits(half_to_float<BF16>(w[i] & 0xffffu) / q_scale,
-                               half_to_float<BF16>(w[i] >> 16) / q_scale);
-        }
-        *(u32x2*)(sm.q() + swizzled64<M>(r, k / 2) + (k % 2) * 8) = {b[0] | (b[1] << 16), b[2] | (b[3] << 16)};
+        *(u32x2*)(sm.q() + swizzled64<M>(r, k / 2) + (k % 2) * 8) = {q_codes4<BF16>(v.x, v.y, by),
+                                                                   q_codes4<BF16>(v.z, v.w, by)};
     }
 }
 

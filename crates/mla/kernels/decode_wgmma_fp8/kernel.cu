@@ -1,15 +1,17 @@
 /**
  * @file decode_wgmma_fp8/kernel.cu
- * @brief Stage 1 on Hopper's warpgroup MMA (sm_90a) for an fp8 cache under a 16-bit query:
- * decode_wgmma's grid and outputs (one query token's 64 heads a CTA, 64 keys a tile), with
- * both products turned around so that the raw fp8 codes reach the tensor cores from
- * registers, converted there, instead of through a converted tile in shared memory:
+ * @brief Stage 1 on Hopper's warpgroup MMA (sm_90a) for an fp8 cache: decode_wgmma's grid
+ * and outputs (one query token's 64 heads a CTA, 64 keys a tile), with both products turned
+ * around so that the raw fp8 codes reach the tensor cores from registers (converted there
+ * under a 16-bit query, as loaded on fp8 wgmma in the fp8-query mode, MLA_QFP8) instead of
+ * through a converted tile in shared memory:
  *
  *     S^T [64 keys x 64 heads] = K [64 x D] Q^T [D x 64]    A: the key codes, in registers
  *     O^T [L x 64 heads]      += V^T [L x 64] P^T [64 x 64]  A: the value codes, in registers
  *
  * wgmma takes only its A operand from registers, and A is what a thread can build from the
- * raw codes it loads; B (q, then P^T) comes from shared memory in the 128-byte swizzle.
+ * raw codes it loads; B (q, then P^T) comes from shared memory in the 128-byte swizzle (the
+ * 64-byte one, K-major, in the fp8-query mode: quantize_q, softmax_of).
  * NOTES.md beside this file has the design and the measurements.
  *
  * Each product permutes an index its sums ignore, so that one load a lane feeds its
@@ -32,7 +34,7 @@
  *   2. warpgroup 0: S^T (36 wgmma of k = 16, A converted a 64-column group at a time, two
  *      groups' registers alternating so that one converts while the other multiplies); the
  *      softmax per head (a column): mask past the split, the column max over the four warps
- *      through shared memory (a CTA barrier), P^T = 2^(S scale - m) as f16 into shared
+ *      through shared memory (an mbarrier), P^T = 2^(S scale - m) as f16 into shared
  *      memory, the rescale factors beside it; each thread keeps partial column sums;
  *   3. barrier; both warpgroups: O^T = O^T alpha + V^T P^T for their 256 latent columns
  *      (4 m-tiles of 64 x 64 f32, 128 registers a thread), A converted a k-step at a time.
@@ -54,12 +56,14 @@
 #include "common/ptx.cuh"
 #include "common/rows.cuh"
 #include "common/schedule.cuh"
+#include "common/tma.cuh"
 #include "common/wgmma.cuh"
 #include "params.cuh"
 
 namespace {
 
 constexpr bool BF16 = MLA_BF16 != 0;
+constexpr bool QFP8 = MLA_QFP8 != 0;  // the fp8-query mode: both products on fp8 wgmma
 constexpr int L = MLA_L;
 constexpr int R = MLA_R;
 constexpr int D = L + R;
@@ -86,6 +90,7 @@ constexpr int STAGE_BYTES = BN * ROW;
 constexpr int OFF_BYTES = STAGES * BN * 8;
 constexpr int RED_BYTES = 4 * M * 4;   // a float per warp of warpgroup 0 and head
 constexpr int STAT_BYTES = 2 * M * 4;  // alpha, then the final maxima
+constexpr int BAR_BYTES = 8;           // the column maxima's mbarrier
 constexpr int ALIGN = 1024;            // swizzle atoms must be 1024-byte aligned
 static_assert(Q_BYTES % ALIGN == 0 && STAGE_BYTES % 16 == 0, "layout alignment");
 
@@ -98,13 +103,15 @@ struct Smem {
     __device__ float* red() const { return (float*)offsets(STAGES); }
     __device__ float* alpha() const { return red() + 4 * M; }
     __device__ float* maxima() const { return alpha() + M; }
+    /// Warpgroup 0's hand-over of the column maxima (128 arrivals a phase, a phase a tile).
+    __device__ u32 maxima_ready() const { return smem_addr(maxima() + M); }
 };
 
 }  // namespace
 
 /// Shared memory the kernel needs (the host checks it against its own count).
 extern "C" __constant__ int mla_decode_smem_bytes =
-    ALIGN + Q_BYTES + P_BYTES + STAGES * STAGE_BYTES + OFF_BYTES + RED_BYTES + STAT_BYTES;
+    ALIGN + Q_BYTES + P_BYTES + STAGES * STAGE_BYTES + OFF_BYTES + RED_BYTES + STAT_BYTES + BAR_BYTES;
 
 namespace {
 
@@ -144,6 +151,42 @@ __device__ __forceinline__ void permute_q(const Smem& sm) {
     __syncthreads();
 }
 
+/// The fp8-query mode: q (16-bit, as it landed in q's swizzled tile) as its e4m3 codes
+/// e4m3(q / q_scale) in the scores' column order, into the first M x D bytes of the same
+/// region, 64-byte swizzled, a 64-column group a chunk (wgmma's K-major fp8 B). Within a
+/// group, logical column 32 s + 16 t + 4 c + e holds column 16 c + 8 s + 4 t + e, so that
+/// word 2 s + t of a lane's 16-byte load of a key is its A register t of k-step s (scores):
+/// the group's word w (its columns 4 w .. 4 w + 3) goes to logical piece w % 4, word w / 4.
+/// Every thread takes as many of q's 16-byte pieces (two words of codes each), all read
+/// before a barrier (the codes overwrite what others read), then written. Every thread
+/// calls it; it ends with a barrier.
+__device__ __forceinline__ void quantize_q(const Smem& sm, float q_scale) {
+    constexpr int PIECES = D / 8;  // 16-byte pieces of a row of 16-bit q
+    constexpr int TASKS = M * PIECES / THREADS;
+    static_assert(M * PIECES % THREADS == 0, "quantize_q: as many pieces a thread");
+    const Divider by(q_scale);
+    u32 codes[TASKS][2];
+#pragma unroll
+    for (int i = 0; i < TASKS; ++i) {
+        const int piece = threadIdx.x + i * THREADS, r = piece / PIECES, k = piece % PIECES;
+        const u32x4 v = *(const u32x4*)(sm.q() + swizzled<M>(r, k));
+        codes[i][0] = q_codes4<BF16>(v.x, v.y, by);
+        codes[i][1] = q_codes4<BF16>(v.z, v.w, by);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < TASKS; ++i) {
+        const int piece = threadIdx.x + i * THREADS, r = piece / PIECES, k = piece % PIECES;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int w = 2 * (k % 8) + e;  // the word within its group
+            *(u32*)(sm.q() + swizzled64<M>(r, 4 * (k / 8) + w % 4) + 4 * (w / 4)) = codes[i][e];
+        }
+    }
+    fence_proxy_async();  // q is read by wgmma
+    __syncthreads();
+}
+
 /// Step 2's products: s = S^T for the tile staged at `keys` (byte address of this thread's
 /// key 16 w + g at its column 16 c), B = q (descriptor `qd`). Group grp's A fragments: the
 /// 16 codes of keys g and g + 8 at columns 64 grp + 16 c, four k-steps of four registers.
@@ -157,6 +200,24 @@ __device__ __forceinline__ void scores(float (&s)[32], u32 keys, u64 qd) {
         const u32x4 kg = ld_shared_u32x4(keys + 64 * grp);
         const u32x4 kh = ld_shared_u32x4(keys + 8 * ROW + 64 * grp);
         const u32 wr[4] = {kg.x, kg.y, kg.z, kg.w}, wh[4] = {kh.x, kh.y, kh.z, kh.w};
+        if (QFP8) {
+            // The fp8-query mode: the codes are the A fragments as loaded (quantize_q's
+            // order), two k-steps of 32 a group (q's chunk grp, 32 bytes a step).
+#pragma unroll
+            for (int st = 0; st < 2; ++st) {
+                const int ks = 2 * grp + st;
+                if (ks >= 2) wgmma_wait<1>();  // step ks - 2 is done with a[ks % 2]
+                u32(&f)[4] = a[ks % 2];
+                f[0] = wr[2 * st];      // row g, logical columns 4c .. 4c + 3 of the step
+                f[1] = wh[2 * st];      // row g + 8
+                f[2] = wr[2 * st + 1];  // row g, 16 columns on
+                f[3] = wh[2 * st + 1];
+                wgmma_fence();
+                wgmma_m64n64k32_rs_fp8<KV>(s, f, desc_at(qd, grp * (M * 64) + st * 32), ks > 0);
+                wgmma_commit();
+            }
+            continue;
+        }
 #pragma unroll
         for (int st = 0; st < 4; ++st) {
             const int ks = 4 * grp + st;
@@ -175,6 +236,14 @@ __device__ __forceinline__ void scores(float (&s)[32], u32 keys, u64 qd) {
     wgmma_wait<0>();
 }
 
+/// Two keys' codes of m-tile i's rows g and g + 8 (bytes 2 i and 2 i + 1 of each key's 8-byte
+/// load `a`, `b`): [a.2i, b.2i, a.2i+1, b.2i+1], one prmt.
+__device__ __forceinline__ u32 pair_rows(u32x2 a, u32x2 b, int i) {
+    const int j = (2 * i) % 4;
+    const u32 sel = j | (4 + j) << 4 | (j + 1) << 8 | (5 + j) << 12;
+    return __byte_perm(i < 2 ? a.x : a.y, i < 2 ? b.x : b.y, sel);
+}
+
 /// Step 3's products: o[i] += V^T P^T over the tile staged at `keys` (byte address of key 2c
 /// at this thread's latent column 64 w + 8 g of the warpgroup's), B = P^T (descriptor `pd`,
 /// MN-major). k-step kk: the 8 codes of keys 16 kk + 2c, + 1, + 8, + 9; bytes 2 i + h of a
@@ -182,6 +251,40 @@ __device__ __forceinline__ void scores(float (&s)[32], u32 keys, u64 qd) {
 /// commit group a product, fragments alternating, as in scores.
 __device__ __forceinline__ void values(float (&o)[MT][32], u32 keys, u64 pd) {
     u32 a[2][4];
+    if (QFP8) {
+        // The fp8-query mode: k-steps of 32 keys in softmax_of's order (logical key 32 kk +
+        // 2 m + e is key 32 kk + 16 (m / 8) + m % 8 + 8 e), so that this lane's A registers
+        // h, h + 2 of step kk hold keys 32 kk + 16 h + 2c + {0, 8, 1, 9} (logical 16 h + 4c ..
+        // + 3): byte 2 i + r (m-tile i, row g + 8 r) of each, paired by three prmt.
+#pragma unroll
+        for (int kk = 0; kk < BN / 32; ++kk) {
+            u32x2 v[2][4];  // keys 32 kk + 16 h + 2c + {0, 8, 1, 9}
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    v[h][r] = ld_shared_u32x2(keys + (32 * kk + 16 * h + (r >> 1) + (r & 1) * 8) * ROW);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                const int n = MT * kk + i;
+                if (n >= 2) wgmma_wait<1>();
+                u32(&f)[4] = a[n % 2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const u32 t0 = pair_rows(v[h][0], v[h][1], i), t1 = pair_rows(v[h][2], v[h][3], i);
+                    f[2 * h] = __byte_perm(t0, t1, 0x5410);      // row g: keys 0, 8, 1, 9
+                    f[2 * h + 1] = __byte_perm(t0, t1, 0x7632);  // row g + 8
+                }
+                wgmma_fence();
+                wgmma_m64n64k32_rs_fp8<KV>(o[i], f, desc_at(pd, kk * 32), 1);
+                wgmma_commit();
+            }
+        }
+        wgmma_wait<0>();
+        return;
+    }
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
         u32x2 v[4];  // keys 2c, 2c + 1, 2c + 8, 2c + 9 of the step
@@ -191,13 +294,8 @@ __device__ __forceinline__ void values(float (&o)[MT][32], u32 keys, u64 pd) {
         for (int i = 0; i < MT; ++i) {
             const int n = MT * kk + i;
             if (n >= 2) wgmma_wait<1>();
-            const int j = (2 * i) % 4;
-            // Bytes j and j + 1 of keys (0, 1): [k0.j, k1.j, k0.j+1, k1.j+1].
-            const u32 sel = j | (4 + j) << 4 | (j + 1) << 8 | (5 + j) << 12;
-            const u32 w0 = i < 2 ? v[0].x : v[0].y, w1 = i < 2 ? v[1].x : v[1].y;
-            const u32 w2 = i < 2 ? v[2].x : v[2].y, w3 = i < 2 ? v[3].x : v[3].y;
-            const u32x2 lo = fp8x4_to_f16<KV>(__byte_perm(w0, w1, sel));
-            const u32x2 hi = fp8x4_to_f16<KV>(__byte_perm(w2, w3, sel));
+            const u32x2 lo = fp8x4_to_f16<KV>(pair_rows(v[0], v[1], i));
+            const u32x2 hi = fp8x4_to_f16<KV>(pair_rows(v[2], v[3], i));
             u32(&f)[4] = a[n % 2];
             f[0] = lo.x;  // row g, keys 2c, 2c + 1
             f[1] = lo.y;  // row g + 8
@@ -214,7 +312,7 @@ __device__ __forceinline__ void values(float (&o)[MT][32], u32 keys, u64 pd) {
 /// Step 2's first half on warpgroup 0's S^T (s[4 j + e]: key 16 w + g + 8 (e / 2) of the
 /// tile, head 8 j + 2 c + e % 2): keys at or past `end` masked (only the last tile has any:
 /// `inside` false), each head's (column's) max over this warp's 16 keys into red, for
-/// `softmax_of` to take the max over the four warps after a barrier.
+/// `softmax_of` to take the max over the four warps after the hand-over.
 template <bool MASKED>
 __device__ __forceinline__ void column_max(float (&s)[32], int first, int end, const Smem& sm, int w, int g,
                                            int c) {
@@ -243,7 +341,7 @@ __device__ __forceinline__ void column_max(float (&s)[32], int first, int end, c
     }
 }
 
-/// Step 2's second half, after the barrier that publishes `column_max`'s red: per head, the
+/// Step 2's second half, after the hand-over that publishes `column_max`'s red: per head, the
 /// max over the four warps, the running max m (base 2, scaled) and this thread's partial
 /// sums l (head 8 j + 2 c + b at index 2 j + b) rescaled, P^T rounded to f16 into shared
 /// memory and the rescale factors (exactly 1 when the max did not move) beside it.
@@ -271,9 +369,24 @@ __device__ __forceinline__ void softmax_of(const float (&s)[32], float (&m)[16],
             l[i] *= alpha[i];
         }
     }
+    if (QFP8) {
+        // P^T as e4m3(P FP8_P_SCALE) codes, [head][key] (K-major, 64-byte swizzled), keys in
+        // values' order: this thread's keys 16 w + g, + 8 are logical 16 w + 2 g, + 1.
+        const u32 pt = opaque_u32(smem_addr(sm.pt())) + 2 * g;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int b = 0; b < 2; ++b) {
+                const float p0 = exp2_approx(fmaf(s[4 * j + b], sc, -m[2 * j + b]));
+                const float p1 = exp2_approx(fmaf(s[4 * j + 2 + b], sc, -m[2 * j + b]));
+                l[2 * j + b] += p0 + p1;
+                st_shared_u16(pt + swizzled64<M>(8 * j + 2 * c + b, w), e4m3x2_bits(p0 * FP8_P_SCALE, p1 * FP8_P_SCALE));
+            }
+        }
+    }
     const u32 pt = opaque_u32(smem_addr(sm.pt())) + 4 * c;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < 8 && !QFP8; ++j) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const float p0 = exp2_approx(fmaf(s[4 * j + 2 * h], sc, -m[2 * j]));
@@ -329,7 +442,11 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         return head < p.heads;
     });
     cp_async_commit();
-    __syncthreads();  // the offsets
+    if (tid == 0) {
+        mbar_init(sm.maxima_ready(), THREADS / 2);
+        mbar_fence_init();
+    }
+    __syncthreads();  // the offsets, the mbarrier
 #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) {
         if (t < tiles) load_tile<THREADS / 32>(p, sm, sm.offsets(t), t, 0);
@@ -338,8 +455,14 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     float sc = p.scale_log2 * k_scale;
     cp_async_wait_group<STAGES - 1>();  // q landed (the first tiles may fly on)
     __syncthreads();
-    if (BF16) sc *= q_to_f16<THREADS>(sm.q(), M * (D / 8), [](int i) { return i * 16; }, (u32*)sm.alpha());
-    permute_q(sm);
+    if (QFP8) {
+        const float q_scale = read_q_scale(p, tid == 0 && pc.job == 0 && pc.split == 0);
+        quantize_q(sm, q_scale);
+        sc *= q_scale;
+    } else {
+        if (BF16) sc *= q_to_f16<THREADS>(sm.q(), M * (D / 8), [](int i) { return i * 16; }, (u32*)sm.alpha());
+        permute_q(sm);
+    }
 
     float o[MT][32];
 #pragma unroll
@@ -353,7 +476,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         m[i] = bits_to_float(0xff800000u);
         l[i] = 0.0f;
     }
-    const u64 qd = smem_desc(smem_addr(sm.q()), 16, 1024);
+    const u64 qd = QFP8 ? smem_desc64(smem_addr(sm.q()), 16, 512) : smem_desc(smem_addr(sm.q()), 16, 1024);
     const u32 pt_addr = smem_addr(sm.pt());
 
     for (int t = 0; t < tiles; ++t) {
@@ -372,12 +495,13 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         cp_async_commit();
         const u32 stage = smem_addr(sm.stage(st));
 
-        // 2. Warpgroup 0: S^T and the softmax, whose column max crosses the four warps through
-        //    shared memory and a barrier of the whole CTA: with a named barrier of warpgroup
-        //    0 alone here (8% faster), compute-sanitizer's racecheck reports hazards across
-        //    the CTA barriers that it does not report with this one (NOTES.md, "racecheck").
-        float s[32];
+        const i64 next_block = reads_ahead ? block_of(p, req, ahead, keys.end) : NO_KEY;
         if (wg == 0) {
+            // 2. S^T and the softmax, whose column max crosses the four warps through shared
+            //    memory and an mbarrier of warpgroup 0 (a named barrier there runs as fast,
+            //    but compute-sanitizer's racecheck then reports hazards across the CTA
+            //    barriers, and a CTA barrier costs 8%: NOTES.md, "racecheck").
+            float s[32];
 #pragma unroll
             for (int i = 0; i < 32; ++i) s[i] = 0.0f;
 #ifndef MLA_EXP_NO_S
@@ -388,11 +512,11 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
             } else {
                 column_max<true>(s, first, keys.end, sm, w, g, c);
             }
+            mbar_arrive(sm.maxima_ready());
+            mbar_wait(sm.maxima_ready(), t & 1);
+            softmax_of(s, m, l, sc, sm, w, g, c);
         }
-        __syncthreads();  // the four warps' column maxima
-        if (wg == 0) softmax_of(s, m, l, sc, sm, w, g, c);
         __syncthreads();  // P^T and alpha of tile t are in shared memory
-        const i64 next_block = reads_ahead ? block_of(p, req, ahead, keys.end) : NO_KEY;
 
         // 3. O^T = O^T alpha + V^T P^T.
         const u32 alpha_at = opaque_u32(smem_addr(sm.alpha())) + 4 * (2 * c);  // heads 8 j + 2 c, 4 bytes a float
@@ -414,7 +538,8 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
             }
         }
 #ifndef MLA_EXP_NO_PV
-        values(o, stage + 2 * c * ROW + wg * COLS + 64 * w + 8 * g, opaque(smem_desc(pt_addr, BN * 128, 1024)));
+        values(o, stage + 2 * c * ROW + wg * COLS + 64 * w + 8 * g,
+               opaque(QFP8 ? smem_desc64(pt_addr, 16, 512) : smem_desc(pt_addr, BN * 128, 1024)));
 #endif
         // Tile t + STAGES's offsets go where tile t's were (issued STAGES - 1 tiles ago); the
         // next iteration's barrier publishes them.
@@ -447,7 +572,8 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
             const int r = 8 * j + 2 * c + b, head = head0 + r;
             if (head >= p.heads) continue;
             const float sum = sm.red()[r] + sm.red()[M + r] + sm.red()[2 * M + r] + sm.red()[3 * M + r];
-            const float inv = sum > 0.0f ? k_scale / sum : 0.0f;
+            // The fp8-query mode's P carries FP8_P_SCALE.
+            const float inv = sum > 0.0f ? (QFP8 ? k_scale * (1.0f / FP8_P_SCALE) : k_scale) / sum : 0.0f;
             float v[8];
 #pragma unroll
             for (int i = 0; i < MT; ++i) {

@@ -335,8 +335,8 @@ impl Variant {
             Family::DecodeWgmmaFp8 => {
                 // 1024 bytes of alignment slack, q (64 x D, 16-bit), P^T (64 x 64, 16-bit),
                 // the ring of raw tiles (64 keys of D codes, rows padded by 16 bytes), a tile
-                // of key offsets a stage, the four warps' column maxima and two rows of 64
-                // floats (the rescale factors, the final maxima).
+                // of key offsets a stage, the four warps' column maxima, two rows of 64
+                // floats (the rescale factors, the final maxima) and an mbarrier.
                 let t = WGMMA_TILE;
                 let d = self.kv_lora_rank + self.rope_dim;
                 return 1024
@@ -345,7 +345,8 @@ impl Variant {
                     + self.stages * t * (d + 16)
                     + self.stages * t * 8
                     + 4 * t * 4
-                    + 2 * t * 4;
+                    + 2 * t * 4
+                    + 8;
             }
             Family::DecodeNarrow => {
                 // 1024 bytes of alignment slack, the ring of chunks (8 KB; fp8: 4 KB raw, and
@@ -549,24 +550,33 @@ pub fn seesaw_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> 
     applies.then_some(v)
 }
 
-/// The keys a split must hold for the wgmma kernel's fp8 twin to take a decode as shipped:
-/// from 2048 keys a split it is 1.12x to 1.17x faster than the wgmma kernel's fp8 path (with
-/// the CTA barrier of the thirteenth session; 1.15x to 1.29x before), at 512 and below
-/// slower (0.72x to 0.95x: its start rewrites q twice); BENCHMARKS.md, twelfth and
-/// thirteenth sessions.
-pub const WGMMA_FP8_MIN_SPLIT_KEYS: usize = 2048;
+/// The keys a split must hold for the wgmma kernel's fp8 twin to take a decode under a
+/// 16-bit query as shipped: from 1024 keys a split it is 1.06x to 1.28x faster than the wgmma
+/// kernel's fp8 path at 128 heads (its column max handed over by an mbarrier, fourteenth
+/// session), at 512 and below slower (0.72x to 0.95x in the twelfth: its start rewrites q
+/// twice); BENCHMARKS.md, twelfth to fourteenth sessions.
+pub const WGMMA_FP8_MIN_SPLIT_KEYS: usize = 1024;
+
+/// The same in the fp8-query mode, where the wgmma kernel's scores are fp8 wgmma too. With
+/// its start rewritten (q divided through `Divider`, the same pieces for every thread), the
+/// twin (both products on fp8 wgmma) measured 1.12x faster than the wgmma kernel at 1024 keys
+/// a split on two waves of CTAs (132 x 128 x 1024), 1.15x at 4096 and 8192 on one wave
+/// (against the wgmma kernel's times before its own start got `Divider`, 5% to 7% faster
+/// since). Not yet measured since at 2048 on one wave, where it was 0.99x before the start's
+/// 17 to 20 us a wave came off, nor at 512 and below; hence 2048, an inference to check
+/// (BENCHMARKS.md, fourteenth session).
+pub const WGMMA_FP8Q_MIN_SPLIT_KEYS: usize = 2048;
 
 /// The most raw tiles the fp8 twin's ring holds (the third hides a DRAM latency the second
 /// leaves; a fourth does not fit beside q).
 pub const WGMMA_FP8_STAGES: usize = 3;
 
-/// The wgmma kernel's fp8 twin (products on the codes in registers), where it can run: an
-/// sm_90a device, an fp8 cache under a 16-bit query (the fp8-query mode keeps the wgmma
-/// kernel's fp8 scores), L = 512, whole 64-column chunks, and a ring of at least two tiles
-/// (the deepest up to [`WGMMA_FP8_STAGES`] that fits).
+/// The wgmma kernel's fp8 twin (products on the codes in registers: f16 wgmma on codes
+/// converted there, or in the fp8-query mode fp8 wgmma on the codes as loaded), where it can
+/// run: an sm_90a device, an fp8 cache, L = 512, whole 64-column chunks, and a ring of at
+/// least two tiles (the deepest up to [`WGMMA_FP8_STAGES`] that fits).
 pub fn wgmma_fp8_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> {
     let applies = shape.kv.is_fp8()
-        && !shape.fp8_query
         && shape.kv_lora_rank == 512
         && (shape.kv_lora_rank + shape.rope_dim).is_multiple_of(64);
     if !applies {
@@ -655,8 +665,9 @@ pub struct Stage1 {
     /// none on a decoder that schedules on the device (it has no scheduled variant).
     pub seesaw: Option<Variant>,
     /// The wgmma kernel's fp8 twin, where the decoder's own kernel is the wgmma kernel over
-    /// an fp8 cache under a 16-bit query: it takes the decodes whose splits hold at least
-    /// [`WGMMA_FP8_MIN_SPLIT_KEYS`] keys (every decode with `MLA_KERNEL=wgmma_fp8`); none with
+    /// an fp8 cache: it takes the decodes whose splits hold at least
+    /// [`WGMMA_FP8_MIN_SPLIT_KEYS`] keys ([`WGMMA_FP8Q_MIN_SPLIT_KEYS`] in the fp8-query mode;
+    /// every decode with `MLA_KERNEL=wgmma_fp8`); none with
     /// another kernel forced, or on a decoder that schedules on the device.
     pub fp8: Option<Variant>,
     /// The family asked for: `MLA_KERNEL=narrow` also gives the narrow kernel single-token
@@ -729,7 +740,8 @@ impl Stage1 {
     /// seesaw kernel where the decoder has it, it tiles the pages and a split holds at least
     /// [`seesaw_min_split_keys`] keys (any split with `MLA_KERNEL=seesaw`), else the fp8
     /// twin where the decoder has it and a split holds at least [`WGMMA_FP8_MIN_SPLIT_KEYS`]
-    /// keys (any split with `MLA_KERNEL=wgmma_fp8`), else the decoder's own.
+    /// keys ([`WGMMA_FP8Q_MIN_SPLIT_KEYS`] in the fp8-query mode; any split with
+    /// `MLA_KERNEL=wgmma_fp8`), else the decoder's own.
     pub fn launch(
         &self,
         heads: usize,
@@ -748,8 +760,11 @@ impl Stage1 {
         let tiles = splits::tma_pages(page_size);
         let long_splits = self.choice == KernelChoice::Seesaw
             || seesaw_min_split_keys(heads).is_some_and(|keys| split_keys >= keys);
-        let fp8_splits =
-            self.choice == KernelChoice::WgmmaFp8 || split_keys >= WGMMA_FP8_MIN_SPLIT_KEYS;
+        let fp8_min = match self.fp8 {
+            Some(f) if f.fp8_query => WGMMA_FP8Q_MIN_SPLIT_KEYS,
+            _ => WGMMA_FP8_MIN_SPLIT_KEYS,
+        };
+        let fp8_splits = self.choice == KernelChoice::WgmmaFp8 || split_keys >= fp8_min;
         match (self.narrow, tokens, self.seesaw, self.fp8) {
             (Some(n), Some(tokens), _, _) if tiles => (n, tokens),
             (_, _, Some(s), _) if tiles && long_splits => (s, 1),
@@ -918,12 +933,12 @@ mod tests {
         );
         // The wgmma kernel's fp8 twin: 1 KB of alignment, q 64 x 576 x 2, P^T 64 x 64 x 2,
         // three raw stages of 64 keys x 592 bytes, three tiles of key offsets, 4 x 64 column
-        // maxima and 2 x 64 floats.
+        // maxima, 2 x 64 floats and an mbarrier.
         let v = wgmma_fp8_variant(bf16(KvFormat::Fp8E4m3), 232_448).unwrap();
         assert_eq!(v.stages, 3);
         assert_eq!(
             v.smem_bytes(),
-            1_024 + 73_728 + 8_192 + 3 * 64 * 592 + 3 * 512 + 1_024 + 512
+            1_024 + 73_728 + 8_192 + 3 * 64 * 592 + 3 * 512 + 1_024 + 512 + 8
         );
     }
 
@@ -975,18 +990,22 @@ mod tests {
                         assert_eq!(choose(heads, choice).unwrap().fp8, None);
                     }
                 }
-                // Not before sm_90a; not in the fp8-query mode (the wgmma kernel's fp8
-                // scores), whose long splits keep the wgmma kernel.
+                // Not before sm_90a; in the fp8-query mode, its fp8-wgmma variant.
                 let sm89 = Stage1::choose(128, shape, smem_limit_of_arch(8, 9), false, WgmmaFp8);
                 assert_eq!(sm89.unwrap().fp8, None);
                 let fp8_query = KernelShape {
                     fp8_query: true,
                     ..shape
                 };
-                assert_eq!(wgmma_fp8_variant(fp8_query, limit), None);
+                let twin_q = wgmma_fp8_variant(fp8_query, limit).unwrap();
+                assert!(twin_q.fp8_query && twin_q.defines().contains(&"-DMLA_QFP8=1".into()));
                 let s = Stage1::choose(128, fp8_query, limit, true, Auto).unwrap();
-                assert_eq!(s.fp8, None);
-                assert_eq!(s.launch(128, 1, 64, min), (s.decode, 1));
+                assert_eq!(s.fp8, Some(twin_q));
+                let min_q = WGMMA_FP8Q_MIN_SPLIT_KEYS;
+                assert!(min_q > min);
+                assert_eq!(s.launch(128, 1, 64, min_q), (twin_q, 1));
+                assert_eq!(s.launch(128, 1, 64, min_q - 1), (s.decode, 1));
+                assert!(s.decode.fp8_query && s.decode.family == Family::DecodeWgmma);
             }
             let bf16_cache = KernelShape::deepseek(model, KvFormat::Bf16);
             assert_eq!(wgmma_fp8_variant(bf16_cache, limit), None);
