@@ -177,8 +177,8 @@ constexpr float FP8_P_SCALE = 256.0f;
 /// x / d for many x and one d, rounded as the division rounds (the host's q / q_scale, bit
 /// for bit) at three FMA-pipe instructions a quotient instead of the division's eight and its
 /// slow-path check: the reciprocal rounded to nearest once, then Markstein's correction of
-/// the product, exact wherever the quotient is a normal f32 (checked on the CPU against the
-/// division over 10^8 random pairs). Where x / (1 / d) overflows the product (an infinity:
+/// the product, exact wherever the quotient is a normal f32 (dtype.rs's property test; 10^8
+/// random pairs checked once against the division). Where x / (1 / d) overflows the product (an infinity:
 /// the e4m3 conversion saturates it as it would the quotient) or is NaN, it is returned as is.
 struct Divider {
     float d, inv;
