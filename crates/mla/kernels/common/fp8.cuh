@@ -178,8 +178,9 @@ constexpr float FP8_P_SCALE = 256.0f;
 /// for bit) at three FMA-pipe instructions a quotient instead of the division's eight and its
 /// slow-path check: the reciprocal rounded to nearest once, then Markstein's correction of
 /// the product, exact wherever the quotient is a normal f32 (dtype.rs's property test; 10^8
-/// random pairs checked once against the division). Where x / (1 / d) overflows the product (an infinity:
-/// the e4m3 conversion saturates it as it would the quotient) or is NaN, it is returned as is.
+/// random pairs checked once against the division). Where x / (1 / d) overflows the product
+/// (an infinity: the e4m3 conversion saturates it as it would the quotient) or is NaN, it is
+/// returned as is.
 struct Divider {
     float d, inv;
     __device__ explicit Divider(float divisor) : d(divisor), inv(__frcp_rn(divisor)) {}
@@ -198,14 +199,17 @@ __device__ __forceinline__ u32 e4m3x2_bits(float lo, float hi) {
     return b;
 }
 
-/// The fp8-query mode's q codes: the four 16-bit elements (model dtype) of words `w0`, `w1`
-/// divided by q_scale (`by`) and rounded to e4m3, the first in the low byte. sm_89 and up
-/// only.
+/// The fp8-query mode's q codes: the eight 16-bit elements (model dtype) of a 16-byte piece
+/// `v` divided by q_scale (`by`) and rounded to e4m3, in order, the first in the low byte.
+/// sm_89 and up only.
 template <bool BF16>
-__device__ __forceinline__ u32 q_codes4(u32 w0, u32 w1, const Divider& by) {
-    const u32 lo = e4m3x2_bits(by.of(half_to_float<BF16>(w0 & 0xffffu)), by.of(half_to_float<BF16>(w0 >> 16)));
-    const u32 hi = e4m3x2_bits(by.of(half_to_float<BF16>(w1 & 0xffffu)), by.of(half_to_float<BF16>(w1 >> 16)));
-    return lo | hi << 16;
+__device__ __forceinline__ u32x2 q_codes8(u32x4 v, const Divider& by) {
+    const auto four = [&by](u32 w0, u32 w1) {
+        const u32 lo = e4m3x2_bits(by.of(half_to_float<BF16>(w0 & 0xffffu)), by.of(half_to_float<BF16>(w0 >> 16)));
+        const u32 hi = e4m3x2_bits(by.of(half_to_float<BF16>(w1 & 0xffffu)), by.of(half_to_float<BF16>(w1 >> 16)));
+        return lo | hi << 16;
+    };
+    return {four(v.x, v.y), four(v.z, v.w)};
 }
 #endif
 

@@ -251,8 +251,7 @@ __device__ __forceinline__ void quantize_q(const Smem& sm, float q_scale) {
     for (int c = threadIdx.x; c < M * PIECES; c += THREADS) {
         const int r = c / PIECES, k = c % PIECES;
         const u32x4 v = *(const u32x4*)(sm.kt() + swizzled<M>(r, k));
-        *(u32x2*)(sm.q() + swizzled64<M>(r, k / 2) + (k % 2) * 8) = {q_codes4<BF16>(v.x, v.y, by),
-                                                                   q_codes4<BF16>(v.z, v.w, by)};
+        *(u32x2*)(sm.q() + swizzled64<M>(r, k / 2) + (k % 2) * 8) = q_codes8<BF16>(v, by);
     }
 }
 

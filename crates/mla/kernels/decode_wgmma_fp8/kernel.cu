@@ -165,13 +165,11 @@ __device__ __forceinline__ void quantize_q(const Smem& sm, float q_scale) {
     constexpr int TASKS = M * PIECES / THREADS;
     static_assert(M * PIECES % THREADS == 0, "quantize_q: as many pieces a thread");
     const Divider by(q_scale);
-    u32 codes[TASKS][2];
+    u32x2 codes[TASKS];
 #pragma unroll
     for (int i = 0; i < TASKS; ++i) {
         const int piece = threadIdx.x + i * THREADS, r = piece / PIECES, k = piece % PIECES;
-        const u32x4 v = *(const u32x4*)(sm.q() + swizzled<M>(r, k));
-        codes[i][0] = q_codes4<BF16>(v.x, v.y, by);
-        codes[i][1] = q_codes4<BF16>(v.z, v.w, by);
+        codes[i] = q_codes8<BF16>(*(const u32x4*)(sm.q() + swizzled<M>(r, k)), by);
     }
     __syncthreads();
 #pragma unroll
@@ -180,7 +178,7 @@ __device__ __forceinline__ void quantize_q(const Smem& sm, float q_scale) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int w = 2 * (k % 8) + e;  // the word within its group
-            *(u32*)(sm.q() + swizzled64<M>(r, 4 * (k / 8) + w % 4) + 4 * (w / 4)) = codes[i][e];
+            *(u32*)(sm.q() + swizzled64<M>(r, 4 * (k / 8) + w % 4) + 4 * (w / 4)) = e ? codes[i].y : codes[i].x;
         }
     }
     fence_proxy_async();  // q is read by wgmma
@@ -383,18 +381,21 @@ __device__ __forceinline__ void softmax_of(const float (&s)[32], float (&m)[16],
                 st_shared_u16(pt + swizzled64<M>(8 * j + 2 * c + b, w), e4m3x2_bits(p0 * FP8_P_SCALE, p1 * FP8_P_SCALE));
             }
         }
-    }
-    const u32 pt = opaque_u32(smem_addr(sm.pt())) + 4 * c;
+    } else {
+        // P^T as f16, [key][head] (MN-major, 128-byte swizzled): heads 2 c, 2 c + 1 of key
+        // 16 w + g + 8 h in one word.
+        const u32 pt = opaque_u32(smem_addr(sm.pt())) + 4 * c;
 #pragma unroll
-    for (int j = 0; j < 8 && !QFP8; ++j) {
+        for (int j = 0; j < 8; ++j) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float p0 = exp2_approx(fmaf(s[4 * j + 2 * h], sc, -m[2 * j]));
-            const float p1 = exp2_approx(fmaf(s[4 * j + 2 * h + 1], sc, -m[2 * j + 1]));
-            l[2 * j] += p0;
-            l[2 * j + 1] += p1;
-            const int key = 16 * w + g + 8 * h;
-            st_shared_u32(pt + swizzled<BN>(key, j), pack2<false>(p0, p1));
+            for (int h = 0; h < 2; ++h) {
+                const float p0 = exp2_approx(fmaf(s[4 * j + 2 * h], sc, -m[2 * j]));
+                const float p1 = exp2_approx(fmaf(s[4 * j + 2 * h + 1], sc, -m[2 * j + 1]));
+                l[2 * j] += p0;
+                l[2 * j + 1] += p1;
+                const int key = 16 * w + g + 8 * h;
+                st_shared_u32(pt + swizzled<BN>(key, j), pack2<false>(p0, p1));
+            }
         }
     }
     if (w == 0 && g == 0) {
@@ -565,6 +566,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     }
     __syncthreads();
     const int col0 = wg * COLS + 64 * w + 8 * g;
+    const float v_scale = QFP8 ? k_scale * (1.0f / FP8_P_SCALE) : k_scale;  // the fp8-query mode's P carries FP8_P_SCALE
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -572,8 +574,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
             const int r = 8 * j + 2 * c + b, head = head0 + r;
             if (head >= p.heads) continue;
             const float sum = sm.red()[r] + sm.red()[M + r] + sm.red()[2 * M + r] + sm.red()[3 * M + r];
-            // The fp8-query mode's P carries FP8_P_SCALE.
-            const float inv = sum > 0.0f ? (QFP8 ? k_scale * (1.0f / FP8_P_SCALE) : k_scale) / sum : 0.0f;
+            const float inv = sum > 0.0f ? v_scale / sum : 0.0f;
             float v[8];
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
