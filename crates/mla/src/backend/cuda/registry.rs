@@ -562,9 +562,8 @@ pub const WGMMA_FP8_MIN_SPLIT_KEYS: usize = 1024;
 /// twin (both products on fp8 wgmma) measured 1.12x faster than the wgmma kernel at 1024 keys
 /// a split on two waves of CTAs (132 x 128 x 1024), 1.15x at 4096 and 8192 on one wave
 /// (against the wgmma kernel's times before its own start got `Divider`, 5% to 7% faster
-/// since). Not yet measured since at 2048 on one wave, where it was 0.99x before the start's
-/// 17 to 20 us a wave came off, nor at 512 and below; hence 2048, an inference to check
-/// (BENCHMARKS.md, fourteenth session).
+/// since). On one wave (fifteenth session): 0.84x at 512 keys, 0.89x to 0.90x at 1024,
+/// 0.98x to 1.14x at 2048; hence 2048 (BENCHMARKS.md, fifteenth session).
 pub const WGMMA_FP8Q_MIN_SPLIT_KEYS: usize = 2048;
 
 /// The most raw tiles the fp8 twin's ring holds (the third hides a DRAM latency the second
