@@ -562,7 +562,7 @@ pub const WGMMA_FP8_MIN_SPLIT_KEYS: usize = 1024;
 /// twin (both products on fp8 wgmma) measured 1.12x faster than the wgmma kernel at 1024 keys
 /// a split on two waves of CTAs (132 x 128 x 1024), 1.15x at 4096 and 8192 on one wave
 /// (against the wgmma kernel's times before its own start got `Divider`, 5% to 7% faster
-/// since). On one wave (fifteenth session): 0.84x at 512 keys, 0.89x to 0.90x at 1024,
+/// since). On one wave (fifteenth session): 0.84x at 512 keys, 0.90x at 1024,
 /// 0.98x to 1.14x at 2048; hence 2048 (BENCHMARKS.md, fifteenth session).
 pub const WGMMA_FP8Q_MIN_SPLIT_KEYS: usize = 2048;
 
