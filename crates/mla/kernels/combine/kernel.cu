@@ -10,15 +10,18 @@
  *
  * The time of a small batch's combine is memory latency, not bytes: one warp walking 64
  * splits 8 at a time over all 512 columns paid 8 round trips (10 us at 1 x 16 x 8192 in
- * Nsight Compute). So:
- * 1. every warp reads all of its head's split LSEs (the lanes side by side) and reduces them
- *    to the largest m and the sum of 2^(lse_s - m), both the same bits on every lane;
- * 2. warp w takes splits w, w + W, w + 2 W, ..., up to 16 at a time with their loads issued
- *    together (the weights are known before the partials arrive): one round trip for up to
- *    16 W splits, the slices spreading the bytes over up to 4x more CTAs (and SMs);
- * 3. the W partial sums meet in shared memory (dynamic, only when W > 1), added in warp order
- *    by the head's warp 0, which writes o = sum / total (and the first CTA the LSE). The order is
- *    fixed: a row's result does not depend on the run.
+ * Nsight Compute). So, for each of the CTA's slices:
+ * 1. warp w takes splits w, w + W, w + 2 W, ..., up to 16 at a time, their LSEs and this
+ *    lane's columns of their partials loaded together (one round trip for up to 16 W splits;
+ *    the slices spread the bytes over up to 4x more CTAs and SMs), merged online: the warp's
+ *    running max m (base 2), weight sum_s 2^(lse_s - m) and weighted sum of the partials.
+ *    A split that holds no key of the row has lse -inf (stage 1 writes it; its partial is
+ *    never written, so it is replaced by zeros), so the merge needs neither the row's length
+ *    nor the split rule: until the sixteenth session a first pass read the length and the
+ *    LSEs, a round trip each, before the partials were asked for;
+ * 2. the W warps of a head meet in shared memory (only when W > 1), merged in warp order by
+ *    the head's warp 0, which writes o = sum / weight (and the first CTA the LSE). The order
+ *    is fixed: a row's result does not depend on the run.
  * A row with no key at all gets o = 0 and lse = -inf.
  *
  * Scheduled (MLA_SCHED 1: the argument is a ScheduleParams, docs/scheduler.md,
@@ -43,17 +46,6 @@ constexpr float LOG2E = 1.44269504088896340736f;
 constexpr float LN2 = 0.69314718055994530942f;
 static_assert(L % SLICE == 0, "L must be a multiple of 128");
 
-/// Merges (max, sum of 2^(x - max)) pairs; -inf maxima hold a sum of 0. Commutative bit for
-/// bit, so a butterfly leaves the same result on every lane.
-__device__ __forceinline__ void merge_max_sum(float& m, float& sum, float m2, float sum2) {
-    const float top = fmaxf(m, m2);
-    if (top == bits_to_float(0xff800000u)) return;  // both empty
-    const float a = m == top ? sum : sum * exp2_approx(m - top);
-    const float b = m2 == top ? sum2 : sum2 * exp2_approx(m2 - top);
-    m = top;
-    sum = a + b;
-}
-
 __device__ __forceinline__ void add_scaled(f32x4& acc, float w, const f32x4& x) {
     acc.x = fmaf(w, x.x, acc.x);
     acc.y = fmaf(w, x.y, acc.y);
@@ -68,8 +60,12 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mla_decode_combine(cons
 #else
 extern "C" __global__ void __launch_bounds__(32 * WARPS) mla_decode_combine(const DecodeParams p) {
 #endif
+    Stamps stamps;             // MLA_EXP_STAMPS only
+    stamps.begin();
     wait_for_previous_grid();  // stage 1's partials (a programmatic dependent launch on sm_90)
+    stamps.mark(1);
     extern __shared__ f32x4 partial[];  // [WARPS][SLICE / 4]: the warps' sums (W > 1)
+    __shared__ f32x2 stats[WARPS];      // the warps' (max, weight) (W > 1)
     const int lane = threadIdx.x % 32;
     const int w = threadIdx.x / 32, W = blockDim.x / 32;  // this warp of the head's W
     const int row = blockIdx.x;
@@ -84,101 +80,83 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mla_decode_combine(cons
     const i64 step = (i64)head_blocks * sp.job_rows;  // from one split's slot to the next
 #else
     const int splits = p.num_kv_splits;
-    const KeyRange keys = row_keys(p, row, false);  // stage 1 already raised any error
-    const int per = split_len(keys, splits);           // the division once, not once a split
-    const i64 slot0 = split_slot(p, row, 0, head);    // split s's slot: slot0 + s heads
+    const i64 first = split_slot(p, row, 0, head);  // split s's slot: first + s heads
+    const i64 step = p.heads;
 #endif
-
-    // A split's partial LSE (base 2), -inf when it holds no key (then it is never read).
-    const auto split_lse = [&](int s) -> float {
-#if MLA_SCHED
-        return p.part_lse[first + s * step] * LOG2E;
-#else
-        const KeyRange k = split_at(keys, s, per);
-        return k.start < k.end ? p.part_lse[slot0 + (i64)s * p.heads] * LOG2E : bits_to_float(0xff800000u);
-#endif
-    };
-    // Four columns of a split's partial output.
-    const auto split_o = [&](int s, int col) -> f32x4 {
-#if MLA_SCHED
-        return *(const f32x4*)(p.part_o + (first + s * step) * L + col);
-#else
-        return *(const f32x4*)(p.part_o + (slot0 + (i64)s * p.heads) * L + col);
-#endif
-    };
-
-    // 1. The largest LSE m and the total weight sum_s 2^(lse_s - m), the lanes side by side.
-    float m = bits_to_float(0xff800000u), total = 0.0f;  // base 2
-    for (int s0 = 0; s0 < splits; s0 += 4 * 32) {  // the loads first: one round trip
-        float v[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int s = s0 + 32 * k + lane;
-            v[k] = s < splits ? split_lse(s) : bits_to_float(0xff800000u);
-        }
-#pragma unroll
-        for (int k = 0; k < 4; ++k) merge_max_sum(m, total, v[k], 1.0f);
-    }
-#pragma unroll
-    for (int d = 16; d > 0; d /= 2) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, d);
-        const float t2 = __shfl_xor_sync(0xffffffffu, total, d);
-        merge_max_sum(m, total, m2, t2);
-    }
-
-    // 2 and 3, for each of this CTA's slices (gridDim.z of the L / 128 at a time: where the
-    // batch fills the GPU, a warp takes several slices in turn rather than the grid more CTAs).
-    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    const float NO_KEY_LSE = bits_to_float(0xff800000u);  // -inf
     const int nb = min(BATCH, max(0, (splits - w + W - 1) / W));  // this warp's splits a batch
+
     for (int slice = blockIdx.z; slice < L / SLICE; slice += gridDim.z) {
         const int col = SLICE * slice + 4 * lane;  // this lane's four columns
-        // 2. This warp's splits, BATCH at a time: the weights and partials of a batch are
-        // loaded together, before any is used.
+        // 1. This warp's splits, BATCH at a time, merged online.
+        float m = NO_KEY_LSE, total = 0.0f;  // base 2
         f32x4 acc = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (m != bits_to_float(0xff800000u)) {  // else o = 0, lse = -inf
-            for (int s0 = w; s0 < splits; s0 += BATCH * W) {
-                f32x4 x[BATCH];
-                float lse[BATCH];
+        for (int s0 = w; s0 < splits; s0 += BATCH * W) {
+            f32x4 x[BATCH];
+            float lse[BATCH];
 #pragma unroll
-                for (int b = 0; b < BATCH; ++b) {
-                    if (b < nb) {
-                        const int s = min(s0 + b * W, splits - 1);  // past the last: weight 0
-                        lse[b] = s0 + b * W < splits ? split_lse(s) : bits_to_float(0xff800000u);
-                        x[b] = split_o(s, col);
-                    }
-                }
-#pragma unroll
-                for (int b = 0; b < BATCH; ++b) {
-                    // An empty split's partial is garbage: weight 0, and its values replaced
-                    // (0 x NaN is NaN). A select, not a branch: a branch lets the compiler
-                    // sink each load under its own test, one round trip a split.
-                    if (b < nb) {
-                        const bool empty = lse[b] == bits_to_float(0xff800000u);
-                        const f32x4 v = empty ? f32x4{0.0f, 0.0f, 0.0f, 0.0f} : x[b];
-                        add_scaled(acc, exp2_approx(lse[b] - m), v);
-                    }
+            for (int b = 0; b < BATCH; ++b) {
+                lse[b] = NO_KEY_LSE;
+                if (b < nb) {
+                    const int s = min(s0 + b * W, splits - 1);  // past the last: weight 0
+                    const i64 slot = first + s * step;
+                    if (s0 + b * W < splits) lse[b] = p.part_lse[slot] * LOG2E;
+                    x[b] = *(const f32x4*)(p.part_o + slot * L + col);
                 }
             }
+            float top = m;
+#pragma unroll
+            for (int b = 0; b < BATCH; ++b) top = fmaxf(top, lse[b]);
+            if (top == NO_KEY_LSE) continue;  // no key in any split so far
+            const float keep = exp2_approx(m - top);  // 0 while m is -inf
+            acc = {acc.x * keep, acc.y * keep, acc.z * keep, acc.w * keep};
+            total *= keep;
+#pragma unroll
+            for (int b = 0; b < BATCH; ++b) {
+                if (b >= nb) break;
+                // A split with no key: weight 0, and its partial (never written, maybe NaN)
+                // replaced; a select, not a branch, so that every load stays in flight.
+                const bool empty = lse[b] == NO_KEY_LSE;
+                const float weight = exp2_approx(lse[b] - top);
+                add_scaled(acc, weight, empty ? f32x4{0.0f, 0.0f, 0.0f, 0.0f} : x[b]);
+                total += weight;
+            }
+            m = top;
         }
 
-        // 3. The head's W sums, added in warp order by its warp 0.
+        // 2. The head's W warps merged in warp order by its warp 0.
         if (W > 1) {  // uniform over the CTA
             const int slot = threadIdx.y * W + w;
-            if (w > 0) partial[slot * (SLICE / 4) + lane] = acc;
+            if (w > 0) {
+                partial[slot * (SLICE / 4) + lane] = acc;
+                if (lane == 0) stats[slot] = f32x2{m, total};
+            }
             __syncthreads();
             if (w == 0) {
-                for (int v = 1; v < W; ++v) add_scaled(acc, 1.0f, partial[(slot + v) * (SLICE / 4) + lane]);
+                for (int v = 1; v < W; ++v) {
+                    const f32x2 st = stats[slot + v];
+                    const float top = fmaxf(m, st.x);
+                    if (top == NO_KEY_LSE) continue;
+                    const float a = exp2_approx(m - top), b = exp2_approx(st.x - top);
+                    acc = {acc.x * a, acc.y * a, acc.z * a, acc.w * a};
+                    add_scaled(acc, b, partial[(slot + v) * (SLICE / 4) + lane]);
+                    total = total * a + st.y * b;
+                    m = top;
+                }
             }
             __syncthreads();  // read before the next slice overwrites it
         }
         if (live && w == 0) {
+            const float inv = total > 0.0f ? 1.0f / total : 0.0f;  // a row with no key: o = 0
             u16* out = (u16*)p.o + row * p.o_row + head * p.o_head + col;
             // Two 4-byte stores: o need only be 4-byte aligned (mod.rs, `pointers`).
             ((u32*)out)[0] = pack2<BF16>(acc.x * inv, acc.y * inv);
             ((u32*)out)[1] = pack2<BF16>(acc.z * inv, acc.w * inv);
+            if (lane == 0 && slice == 0) {
+                p.lse[row * p.lse_row + head] = total > 0.0f ? (m + log2_approx(total)) * LN2 : NO_KEY_LSE;
+            }
         }
     }
-    if (live && w == 0 && lane == 0 && blockIdx.z == 0) {
-        p.lse[row * p.lse_row + head] = total > 0.0f ? (m + log2_approx(total)) * LN2 : bits_to_float(0xff800000u);
-    }
+    stamps.mark(2);
+    stamps.print("combine");
 }

@@ -67,6 +67,41 @@ __device__ __forceinline__ i64 key_offset(const DecodeParams& p, int pos, i64 bl
     return (block * p.page_stride + (i64)slot_of(p, pos) * p.token_stride) * ELEM;
 }
 
+/// The byte offsets (key_offset) of the first TILES tiles of BN keys from keys.start, by the
+/// threads j < BN: key j of tile t at offsets(t)[j], one tile's block ids loaded after the
+/// last's offsets are stored (the fewest registers: kernels at their limit spill otherwise).
+template <int ELEM, int BN, int TILES, typename Offsets>
+__device__ __forceinline__ void first_offsets(const DecodeParams& p, int req, KeyRange keys, int j,
+                                              Offsets offsets) {
+    if (j >= BN) return;
+    for (int t = 0; t < TILES; ++t) {
+        const int pos = keys.start + t * BN + j;
+        offsets(t)[j] = key_offset<ELEM>(p, pos, block_of(p, req, pos, keys.end));
+    }
+}
+
+/// first_offsets with every block id loaded when the object is made, before any is used, so
+/// that a kernel issues its q copies while the loads fly (a store through a generic pointer
+/// between two table loads had kept them a round trip apart, and a thread waiting on its
+/// loads issued no copy meanwhile); `store` then writes the offsets. Not yet timed alone: the
+/// build that landed it started a batch-1 CTA no sooner (BENCHMARKS.md, sixteenth session).
+template <int BN, int TILES>
+struct FirstBlocks {
+    i64 block[TILES];
+
+    __device__ __forceinline__ FirstBlocks(const DecodeParams& p, int req, KeyRange keys, int j) {
+#pragma unroll
+        for (int t = 0; t < TILES; ++t) block[t] = j < BN ? block_of(p, req, keys.start + t * BN + j, keys.end) : NO_KEY;
+    }
+
+    template <int ELEM, typename Offsets>
+    __device__ __forceinline__ void store(const DecodeParams& p, KeyRange keys, int j, Offsets offsets) const {
+        if (j >= BN) return;
+#pragma unroll
+        for (int t = 0; t < TILES; ++t) offsets(t)[j] = key_offset<ELEM>(p, keys.start + t * BN + j, block[t]);
+    }
+};
+
 /// A tile of BN keys into shared memory by cp.async, by WARPS warps from `first_warp` on:
 /// warp w takes keys w, w + WARPS, ...; lane l the key's 16-byte pieces l, l + 32, ... (PIECES
 /// a key; compile-time trip counts). offsets[j]: key j's byte offset in the cache, < 0 for a
@@ -128,6 +163,70 @@ __device__ __forceinline__ void store_pairs(const DecodeParams& p, i64 at, int r
     store_pairs_at<BF16, L, PAIRS>(p, at, row, head, [col0](int i) { return col0 + STRIDE * i; }, value);
 }
 
+/// A CTA's results through shared memory (the stage-1 kernels' tiles are free once their loop
+/// is done): each thread puts its fragments, f32, into a staging tile (`put`), and after a CTA
+/// barrier the warps copy whole rows out (`store`), a warp's stores one contiguous run: f32
+/// partials into the workspace (16 bytes a lane), or with one split rounded into o. Stored
+/// from the fragments directly (pairs 8 columns apart, 8 rows a warp instruction), a 64-head
+/// CTA's rounded outputs took 8,600 cycles after a one-tile split, its partials 5,400
+/// (MLA_EXP_STAMPS, BENCHMARKS.md, sixteenth session); the fp8 products' permuted columns
+/// (decode_mma's v_col) go back in place here too.
+template <bool BF16, int L>
+struct StagedRows {
+    u32 base;      // shared address of the staging tile, 16-byte aligned
+    bool partial;  // partials (the piece has several splits): the same for every row of a CTA
+    // Rows padded by 32 bytes: a warp's fragment stores (8 rows x 4 lanes x 8 bytes) then
+    // take two bank wavefronts, the fewest for 256 bytes.
+    static constexpr int ROW = L * 4 + 32;
+    static_assert(L % 128 == 0, "rows of whole 16-byte pieces for every lane");
+    /// Bytes the staging tile of `rows` rows takes.
+    __host__ __device__ static constexpr int bytes(int rows) { return rows * ROW; }
+
+    /// Pairs i < PAIRS of tile row r at columns col(i) and col(i) + 1, valued value(i, 0) and
+    /// value(i, 1).
+    template <int PAIRS, typename Col, typename Value>
+    __device__ __forceinline__ void put(int r, Col col, Value value) const {
+        const u32 at = base + r * ROW;
+#pragma unroll
+        for (int i = 0; i < PAIRS; ++i) st_shared_f32x2(at + 4 * col(i), value(i, 0), value(i, 1));
+    }
+
+    /// After a CTA barrier, tile rows r < ROWS out by NT threads (`t` this one's index), warp w
+    /// taking rows w, w + NT / 32, ...: where(r, at, row, head) is false for a padding row,
+    /// else gives the row's piece_at and its query row and head.
+    template <int ROWS, int NT, typename Where>
+    __device__ __forceinline__ void store(const DecodeParams& p, int t, Where where) const {
+        constexpr int WARPS = NT / 32;
+        const int warp = t / 32, lane = t % 32;
+#pragma unroll 1
+        for (int r = warp; r < ROWS; r += WARPS) {
+            i64 at = -1;
+            int row = 0, head = 0;
+            if (!where(r, at, row, head)) continue;
+            const u32 src = base + r * ROW;
+            if (partial) {
+                float* dst = p.part_o + at * L;
+#pragma unroll
+                for (int k = 0; k < L / 128; ++k) {
+                    const int col = 4 * lane + 128 * k;
+                    *(u32x4*)(dst + col) = ld_shared_u32x4(src + 4 * col);
+                }
+            } else {
+                // Four columns a lane and piece: 8-byte stores (o need only be 4-byte aligned,
+                // src/backend/cuda/mod.rs, `pointers`: two 4-byte ones).
+                u16* o = (u16*)p.o + row * p.o_row + head * p.o_head;
+#pragma unroll
+                for (int k = 0; k < L / 128; ++k) {
+                    const int col = 4 * lane + 128 * k;
+                    const f32x2 a = ld_shared_f32x2(src + 4 * col), b = ld_shared_f32x2(src + 4 * col + 8);
+                    *(u32*)(o + col) = pack2<BF16>(a.x, a.y);
+                    *(u32*)(o + col + 2) = pack2<BF16>(b.x, b.y);
+                }
+            }
+        }
+    }
+};
+
 /// Output columns col .. col + 4 of row `row`, head `head`, valued x[0 .. 4) (col a multiple
 /// of 4): rounded into o when `at` < 0 (two 4-byte stores: o is only 4-byte aligned), else
 /// f32 into the workspace's row `at` (one 16-byte store).
@@ -141,40 +240,6 @@ __device__ __forceinline__ void store_run4(const DecodeParams& p, i64 at, int ro
     } else {
         *(f32x4*)(p.part_o + at * L + col) = f32x4{x[0], x[1], x[2], x[3]};
     }
-}
-
-/// Output columns col0 + 16c .. + 16 of row `row`, head `head`, valued v[0 .. 16), where c =
-/// lane % 4 and col0 is the same for the four lanes of a quad (they hold 64 consecutive
-/// columns): rounded into o when `at` < 0, else f32 into the workspace's row `at`. The quad
-/// first transposes its 4 x 4 blocks of 4 columns (two butterfly rounds of shuffles), so that
-/// each store instruction writes whole 32-byte sectors: lane c then holds columns
-/// col0 + 16k + 4c .. + 4 for k = 0..3. Stored as they stand, lanes 16 columns apart leave
-/// every sector written in four pieces, which measured 2.3 us more at 1 x 16 x 1024 fp8.
-template <bool BF16, int L>
-__device__ __forceinline__ void store_quad_run16(const DecodeParams& p, i64 at, int row, int head, int col0,
-                                                 float (&v)[16]) {
-    const int lane = threadIdx.x % 32, c = lane % 4;
-    const unsigned quad = 0xfu << (lane & ~3);
-#pragma unroll
-    for (int m = 2; m >= 1; m /= 2) {
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-            if (b & m) continue;  // the pair of blocks (b, b | m): swap bit m of lane and block
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const bool hi = (c & m) != 0;
-                const float send = hi ? v[4 * b + e] : v[4 * (b | m) + e];
-                const float recv = __shfl_xor_sync(quad, send, m);
-                if (hi) {
-                    v[4 * b + e] = recv;
-                } else {
-                    v[4 * (b | m) + e] = recv;
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) store_run4<BF16, L>(p, at, row, head, col0 + 16 * k + 4 * c, v + 4 * k);
 }
 
 /// Output columns col0 .. col0 + 8 of row `row`, head `head`, valued v[0 .. 8) (col0 a
@@ -192,6 +257,17 @@ __device__ __forceinline__ void store_lse(const DecodeParams& p, i64 at, int row
         p.lse[row * p.lse_row + head] = lse;
     } else {
         p.part_lse[at] = lse;
+    }
+}
+
+/// A split of a decode of several that holds no key of its CTA's rows: each row's partial LSE
+/// at -inf (`at(r)`: tile row r's workspace row, or -1 for a padding row), which the combine
+/// gives no weight, never reading the split's partial outputs (they stay unwritten).
+template <int ROWS, int THREADS, typename At>
+__device__ void write_empty_split(const DecodeParams& p, At at) {
+    for (int r = threadIdx.x; r < ROWS; r += THREADS) {
+        const i64 slot = at(r);
+        if (slot >= 0) p.part_lse[slot] = bits_to_float(0xff800000u);
     }
 }
 

@@ -206,3 +206,51 @@ __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
+
+/// Kernel development (MLA_EXP_STAMPS in MLA_EXTRA_DEFINES, never in a shipped build; results
+/// unchanged): thread 0 of a CTA stamps the SM clock at numbered points of its run (`mark`),
+/// and the CTAs with blockIdx.x 0 and blockIdx.y 0 or last print the stamps (cycles since the
+/// first) with the global timer (ns) at the first, so that the phases of a batch-1 decode and
+/// the gap between two kernels can be read off (`mla-stamps` lines; docs/kernels.md). Without
+/// the define it is empty and every call compiles to nothing.
+struct Stamps {
+    static constexpr int POINTS = 12;
+#ifdef MLA_EXP_STAMPS
+    u32 at[POINTS];
+    u64 start_ns;
+#endif
+    __device__ __forceinline__ void begin() {
+#ifdef MLA_EXP_STAMPS
+        if (threadIdx.x == 0) {
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start_ns));
+            at[0] = (u32)clock();
+#pragma unroll
+            for (int i = 1; i < POINTS; ++i) at[i] = at[0];
+        }
+#endif
+    }
+    __device__ __forceinline__ void mark(int i) {
+#ifdef MLA_EXP_STAMPS
+        if (threadIdx.x == 0) at[i] = (u32)clock();
+#else
+        (void)i;
+#endif
+    }
+    __device__ __forceinline__ void print(const char* kernel) {
+#ifdef MLA_EXP_STAMPS
+        u64 end_ns;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(end_ns));
+        u32 sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        if (threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.x == 0 && blockIdx.z == 0 &&
+            (blockIdx.y == 0 || blockIdx.y + 1 == gridDim.y)) {
+            printf("mla-stamps %s cta %d,%d sm %u start_ns %llu end_ns %llu cycles %u %u %u %u %u %u %u %u %u %u %u\n",
+                   kernel, blockIdx.x, blockIdx.y, sm, start_ns, end_ns, at[1] - at[0], at[2] - at[0],
+                   at[3] - at[0], at[4] - at[0], at[5] - at[0], at[6] - at[0], at[7] - at[0], at[8] - at[0],
+                   at[9] - at[0], at[10] - at[0], at[11] - at[0]);
+        }
+#else
+        (void)kernel;
+#endif
+    }
+};

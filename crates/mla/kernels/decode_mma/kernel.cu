@@ -108,6 +108,8 @@ struct Smem {
 /// Shared memory the kernel needs, read by the host through the symbol below.
 extern "C" __constant__ int mla_decode_smem_bytes =
     Q_BYTES + STAGES * STAGE_BYTES + P_BYTES + RED_BYTES + OFF_BYTES;
+static_assert(StagedRows<BF16, L>::bytes(ROWS) <= Q_BYTES + STAGES * STAGE_BYTES,
+              "the outputs' staging tile fits over q and the tiles");
 
 namespace {
 
@@ -251,11 +253,23 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     const int row = pc.job / head_blocks;
     const int head0 = (pc.job % head_blocks) * ROWS;
     const int splits = pc.splits;
+    Stamps stamps;  // MLA_EXP_STAMPS only
+    stamps.begin();
+#ifdef MLA_EXP_EMPTY
+    return;  // kernel development: a decode's launch costs alone (results wrong)
+#endif
 
     const KeyRange keys = piece_keys(row_keys(p, row, threadIdx.x == 0 && pc.split == 0), pc);
+    stamps.mark(1);
     if (keys.start >= keys.end) {
-        if (splits == 1) write_empty<ROWS, THREADS, L>(p, row, head0);
-        return;  // an empty split writes nothing; stage 2 skips it
+        if (splits == 1) {
+            write_empty<ROWS, THREADS, L>(p, row, head0);
+        } else if (!MLA_SCHED) {  // stage 2 gives the split no weight (a scheduled piece has keys)
+            write_empty_split<ROWS, THREADS>(p, [&p, pc, row, head0](int r) {
+                return head0 + r < p.heads ? piece_at(p, pc, ROWS, r, row, head0 + r) : -1;
+            });
+        }
+        return;
     }
     const int req = row / p.query_len;
     const int tiles = (keys.end - keys.start + BN - 1) / BN;
@@ -264,20 +278,25 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     // Offsets of tiles 0 .. STAGES - 1 now; from then on the block ids of tile t + STAGES are
     // read during tile t (into `next_block`) and turned into offsets at the end of it.
     const int tid = threadIdx.x;
-    if (tid < BN) {
-        for (int t = 0; t < STAGES; ++t) {
-            const int pos = keys.start + t * BN + tid;
-            sm.offsets(t)[tid] = key_offset<KV_ELEM>(p, pos, block_of(p, req, pos, keys.end));
-        }
-    }
+    const auto offsets = [sm](int t) { return sm.offsets(t); };
+#if MLA_SCHED
+    // The scheduled variants, at their register limit, one tile's block ids after another.
+    first_offsets<KV_ELEM, BN, STAGES>(p, req, keys, tid, offsets);
     load_q(p, sm, row, head0);
+#else
+    const FirstBlocks<BN, STAGES> first_blocks(p, req, keys, tid);
+    load_q(p, sm, row, head0);
+    first_blocks.store<KV_ELEM>(p, keys, tid, offsets);
+#endif
     cp_async_commit();  // q in a group of its own: an fp8 decode rewrites it while tiles fly
     __syncthreads();
+    stamps.mark(2);
     // Tiles 0 .. STAGES - 2 in flight, one commit group each.
     for (int t = 0; t < STAGES - 1; ++t) {
         if (t < tiles) load_tile(p, sm, sm.offsets(t), t);
         cp_async_commit();
     }
+    stamps.mark(3);
     // The scores' scale, base 2: fp8 takes k_scale here (and a bf16 q's power of two, or the
     // fp8-query mode's q_scale).
     float sc = p.scale_log2;
@@ -311,6 +330,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         const int st = t % STAGES;
         cp_async_wait_group<STAGES - 2>();  // tile t landed (the newer STAGES - 2 may fly on)
         __syncthreads();                     // ... for every thread; all are done with tile t - 1
+        if (t == 0) stamps.mark(4);
         const int issue = t + STAGES - 1;    // into the stage tile t - 1 used
         if (issue < tiles) load_tile(p, sm, sm.offsets(issue % STAGES), issue % STAGES);
         cp_async_commit();
@@ -406,6 +426,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
             *(u32*)(prow + 8 * BNP + n * 8) = pack_p<QFP8, MMA_BF16>(p2, p3);
         }
         __syncthreads();  // P of the whole row group is in shared memory
+        if (t == 0) stamps.mark(5);
 
         // 6. O = O * alpha + P V for columns wc * COLS_W .. + COLS_W.
 #pragma unroll
@@ -438,7 +459,9 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         // Tile t + STAGES's offsets go where tile t's were (issued STAGES - 1 iterations ago);
         // the next iteration's barrier publishes them.
         if (tid < BN) sm.offsets(st)[tid] = key_offset<KV_ELEM>(p, ahead, next_block);
+        if (t == 0) stamps.mark(6);
     }
+    stamps.mark(7);
 
     // 7. row sums across the quad and the row group's warps, then O / l and the LSE.
     l[0] = quad_sum(l[0]);
@@ -459,32 +482,31 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         inv[h] = (FP8 ? (QFP8 ? k_scale * (1.0f / FP8_P_SCALE) : k_scale) : 1.0f) / sum;
         lse[h] = (m[h] + log2_approx(sum)) * LN2;
     }
+    // The outputs through shared memory (q and the stages are free now: every warp is past
+    // the barriers above, so done with its products), then whole rows out.
+    const StagedRows<BF16, L> out{smem_addr(sm.q()), splits > 1};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int head = head0 + rg * 16 + g + 8 * h;
-        if (head >= p.heads) continue;
-        const i64 at = piece_at(p, pc, ROWS, head - head0, row, head);
-        if constexpr (FP8 && VG == 8) {
-            // Group grp's n-tiles j at fragment columns 2c + f are columns 16c + 8f + j of it
-            // (v_col's map): 16 consecutive columns a lane.
-#pragma unroll
-            for (int grp = 0; grp < NT_O / 8; ++grp) {
-                float v[16];
-#pragma unroll
-                for (int i = 0; i < 16; ++i) v[i] = o[grp * 8 + i % 8][2 * h + i / 8] * inv[h];
-                store_quad_run16<BF16, L>(p, at, row, head, v_col(wc, grp * 8, 0), v);
-            }
-        } else if constexpr (FP8) {
+        const int r = rg * 16 + g + 8 * h, head = head0 + r;
+        if constexpr (FP8) {
             // Pair i: n-tiles 2 (i / 2) and + 1 at fragment column 2c + i % 2 (v_col's map).
-            store_pairs_at<BF16, L, NT_O>(
-                p, at, row, head, [&](int i) { return v_col(wc, 2 * (i / 2), 2 * c + i % 2); },
-                [&](int i, int e) { return o[2 * (i / 2) + e][2 * h + i % 2] * inv[h]; });
+            out.put<NT_O>(r, [&](int i) { return v_col(wc, 2 * (i / 2), 2 * c + i % 2); },
+                          [&](int i, int e) { return o[2 * (i / 2) + e][2 * h + i % 2] * inv[h]; });
         } else {
-            store_pairs<BF16, L, NT_O, 8>(p, at, row, head, wc * COLS_W + 2 * c,
-                                          [&](int i, int e) { return o[i][2 * h + e] * inv[h]; });
+            out.put<NT_O>(r, [&](int i) { return wc * COLS_W + 2 * c + 8 * i; },
+                          [&](int i, int e) { return o[i][2 * h + e] * inv[h]; });
         }
-        if (wc == 0 && c == 0) store_lse(p, at, row, head, lse[h]);
+        if (wc == 0 && c == 0 && head < p.heads) store_lse(p, piece_at(p, pc, ROWS, r, row, head), row, head, lse[h]);
     }
+    __syncthreads();
+    out.store<ROWS, THREADS>(p, threadIdx.x, [&p, pc, row, head0](int r, i64& at, int& q_row, int& head) {
+        q_row = row;
+        head = head0 + r;
+        at = piece_at(p, pc, ROWS, r, row, head);
+        return head < p.heads;
+    });
+    stamps.mark(8);
+    stamps.print("mma");
 }
 
 }  // namespace

@@ -267,6 +267,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
     if (keys.start >= keys.end) {
         if (splits == 1) {
             for (int t = 0; t < cols.tokens; ++t) write_empty<N, THREADS, L>(p, cols.row0 + t, 0);
+        } else {  // stage 2 gives the split no weight
+            write_empty_split<N, THREADS>(p, [&](int c) { return cols.real(c) ? grid_at(p, cols.row(c), cols.head(c)) : -1; });
         }
         return;
     }
@@ -496,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
         if (!cols.real(c)) continue;
         const float sum = red[c] + red[N + c] + red[2 * N + c] + red[3 * N + c];
         // A column with no key in the split (sum 0) gets o = 0 and lse = -inf (the combine
-        // skips the split, whose range it finds empty too).
+        // gives the split no weight).
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
         const f32x4 v = *(const f32x4*)(out + c * LP + col);
         const float o[4] = {v.x * inv, v.y * inv, v.z * inv, v.w * inv};

@@ -135,6 +135,7 @@ __device__ __forceinline__ void trace(const Smem& sm, int step, int ev) {
 
 /// Shared memory the kernel needs (the host checks it against its own count).
 extern "C" __constant__ int mla_decode_smem_bytes = ALIGN + 3 * TILE_BYTES + CHUNK_BYTES + STAT_BYTES + BAR_BYTES;
+static_assert(StagedRows<BF16, L>::bytes(M) <= 3 * TILE_BYTES, "the outputs' staging tile fits over q and the tiles");
 
 namespace {
 
@@ -420,7 +421,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
     const int len = request_len(p, req, tid == 0 && pc.split == 0);
     const KeyRange keys = piece_keys(token_keys(p, len, row - req * p.query_len), pc);
     if (keys.start >= keys.end) {
-        if (pc.splits == 1) write_empty<M, THREADS, L>(p, row, head0);
+        if (pc.splits == 1) {
+            write_empty<M, THREADS, L>(p, row, head0);
+        } else {  // stage 2 gives the split no weight
+            write_empty_split<M, THREADS>(p, [&](int r) {
+                return head0 + r < p.heads ? piece_at(p, pc, M, r, row, head0 + r) : -1;
+            });
+        }
         return;
     }
     const int first0 = keys.start - keys.start % BN;
@@ -637,15 +644,26 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
     // hand-overs (NOTES.md).
     mbar_arrive(sm.sums_ready());
     mbar_wait(sm.sums_ready(), 0);
+    // The outputs through shared memory (the tiles are free: every thread is past its loop),
+    // then whole rows out; the same mbarrier's next phase says every row is staged.
+    const StagedRows<BF16, L> out{sm.q(), pc.splits > 1};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = r0 + 8 * h, head = head0 + r;
-        if (head >= p.heads) continue;
         const float sum = ld_shared_f32(sm.sums(0, r)) + ld_shared_f32(sm.sums(1, r));
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        const i64 at = grid_at(p, row, head);
-        store_pairs<BF16, L, COLS / 8, 8>(p, at, row, head, wg * COLS + 2 * (lane % 4),
-                                          [&](int j, int e) { return o[4 * j + 2 * h + e] * inv; });
-        if (wg == 0 && lane % 4 == 0) store_lse(p, at, row, head, (ld_shared_f32(sm.max(r)) + log2_approx(sum)) * LN2);
+        out.put<COLS / 8>(r, [&](int j) { return wg * COLS + 2 * (lane % 4) + 8 * j; },
+                          [&](int j, int e) { return o[4 * j + 2 * h + e] * inv; });
+        if (wg == 0 && lane % 4 == 0 && head < p.heads) {
+            store_lse(p, grid_at(p, row, head), row, head, (ld_shared_f32(sm.max(r)) + log2_approx(sum)) * LN2);
+        }
     }
+    mbar_arrive(sm.sums_ready());
+    mbar_wait(sm.sums_ready(), 1);
+    out.store<M, THREADS>(p, tid, [&](int r, i64& at, int& q_row, int& head) {
+        q_row = row;
+        head = head0 + r;
+        at = grid_at(p, row, head);
+        return head < p.heads;
+    });
 }

@@ -127,6 +127,8 @@ struct Smem {
 /// Shared memory the kernel needs (the host checks it against its own count).
 extern "C" __constant__ int mla_decode_smem_bytes =
     ALIGN + Q_BYTES + STAGES * STAGE_BYTES + KT_BYTES + P_BYTES + OFF_BYTES + STAT_BYTES;
+static_assert(StagedRows<BF16, L>::bytes(M) <= Q_BYTES + STAGES * STAGE_BYTES + KT_BYTES,
+              "the outputs' staging tile fits over q and the tiles");
 
 namespace {
 
@@ -364,13 +366,23 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     const Rows rows{req * p.query_len + tok0, tok0, PACK ? min(pack, p.query_len - tok0) : 1, per_token,
                     (pc.job % head_blocks) * per_token};
     const int splits = pc.splits;
+    Stamps stamps;  // MLA_EXP_STAMPS only
+    stamps.begin();
+#ifdef MLA_EXP_EMPTY
+    return;  // kernel development: a decode's launch costs alone (results wrong)
+#endif
 
     const int len = request_len(p, req, tid == 0 && pc.split == 0);  // read once, for every row
     const TokensKeys cta = cta_keys(p, rows, len, pc);
     const KeyRange keys = cta.keys;
+    stamps.mark(1);
     if (keys.start >= keys.end) {
         if (splits == 1) {
             for (int t = 0; t < rows.tokens; ++t) write_empty<M, THREADS, L>(p, rows.row0 + t, rows.head0);
+        } else if (!MLA_SCHED) {  // stage 2 gives the split no weight (a scheduled piece has keys)
+            write_empty_split<M, THREADS>(p, [&](int r) {
+                return rows.real(r, p) ? piece_at(p, pc, M, r, rows.row(r), rows.head(r)) : -1;
+            });
         }
         return;
     }
@@ -391,17 +403,22 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     [[maybe_unused]] const float k_scale = CONVERT ? read_k_scale(p, tid == 0 && pc.job == 0 && pc.split == 0) : 1.0f;
 
     // Offsets of tiles 0 and 1 now; tile t + 2's block ids are read during tile t.
-    if (tid < BN) {
-        for (int t = 0; t < STAGES; ++t) {
-            const int pos = keys.start + t * BN + tid;
-            sm.offsets(t)[tid] = key_offset<KV_ELEM>(p, pos, block_of(p, req, pos, keys.end));
-        }
-    }
+    const auto offsets = [sm](int t) { return sm.offsets(t); };
+#if MLA_SCHED
+    // The scheduled variants, at their register limit, one tile's block ids after another.
+    first_offsets<KV_ELEM, BN, STAGES>(p, req, keys, tid, offsets);
     load_q(p, sm, rows);
+#else
+    const FirstBlocks<BN, STAGES> first_blocks(p, req, keys, tid);
+    load_q(p, sm, rows);
+    first_blocks.store<KV_ELEM>(p, keys, tid, offsets);
+#endif
     cp_async_commit();  // q in a group of its own: an fp8 decode rewrites it while tile 0 flies
     __syncthreads();
+    stamps.mark(2);
     load_tile<THREADS / 32>(p, sm, sm.offsets(0), 0, 0);
     cp_async_commit();
+    stamps.mark(3);
     // The scores' scale, base 2: fp8 takes k_scale here (and a bf16 q's power of two, or the
     // fp8-query mode's q_scale).
     float sc = p.scale_log2;
@@ -436,6 +453,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         cp_async_wait_group<0>();
         fence_proxy_async();
         __syncthreads();
+        if (t == 0) stamps.mark(4);
         // Warpgroup 1 waits through the scores anyway: it loads the next tile and reads the
         // block ids of the one after, so warpgroup 0 goes straight to the scores.
         if (t + 1 < tiles && wg == 1) {
@@ -522,8 +540,10 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
             fence_proxy_async();  // P is read by wgmma next
         }
         __syncthreads();  // P and alpha of tile t are in shared memory
+        if (t == 0) stamps.mark(5);
 
         pv_step(o, sm, r0, p_addr, k_addr, wg);
+        if (t == 0) stamps.mark(6);
         // Tile t + 2's offsets go where tile t's were; the next iteration's barrier publishes them.
 #ifndef MLA_EXP_L2_LOAD
         if (lt >= 0 && lt < BN) sm.offsets(st)[lt] = key_offset<KV_ELEM>(p, ahead, next_block);
@@ -531,6 +551,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     }
 
 
+    stamps.mark(7);
     // 4. Row sums and the final max (warpgroup 0 holds them) to every thread, then O / l
     //    and the LSE.
     if (wg == 0) {
@@ -545,27 +566,32 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     }
     __syncthreads();
     // A packed row with no key in the split (sum 0, max -inf) gets o = 0 and lse = -inf:
-    // with one split that is the contract's empty row; with more, the combine skips the
-    // split, whose range it finds empty too.
-    float inv[2], lse[2];
+    // with one split that is the contract's empty row; with more, the combine gives the split
+    // no weight.
+    // V's k_scale, for fp8 (in the fp8-query mode over P's factor)
+    const float v_scale = FP8 ? (QFP8 ? k_scale * (1.0f / FP8_P_SCALE) : k_scale) : 1.0f;
+    // The outputs through shared memory (q and the stages are free now: every warp is past
+    // the barrier above, so done with its products), then whole rows out, each with its LSE.
+    const StagedRows<BF16, L> out{smem_addr(sm.q()), splits > 1};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const float sum = sm.sums()[r0 + 8 * h];
-        // V's k_scale, for fp8 (in the fp8-query mode over P's factor)
-        const float v_scale = FP8 ? (QFP8 ? k_scale * (1.0f / FP8_P_SCALE) : k_scale) : 1.0f;
-        inv[h] = sum > 0.0f ? v_scale / sum : 0.0f;
-        lse[h] = (sm.maxima()[r0 + 8 * h] + log2_approx(sum)) * LN2;
+        const float inv = sum > 0.0f ? v_scale / sum : 0.0f;
+        out.put<COLS / 8>(r0 + 8 * h, [&](int j) { return wg * COLS + 2 * (lane % 4) + 8 * j; },
+                          [&](int j, int e) { return o[4 * j + 2 * h + e] * inv; });
     }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = r0 + 8 * h;
-        if (!rows.real(r, p)) continue;
-        const int row = rows.row(r), head = rows.head(r);
-        const int col0 = wg * COLS + 2 * (lane % 4);
-        const i64 at = piece_at(p, pc, M, r, row, head);
-        store_pairs<BF16, L, COLS / 8, 8>(p, at, row, head, col0, [&](int j, int e) { return o[4 * j + 2 * h + e] * inv[h]; });
-        if (wg == 0 && lane % 4 == 0) store_lse(p, at, row, head, lse[h]);
-    }
+    __syncthreads();
+    out.store<M, THREADS>(p, tid, [&](int r, i64& at, int& row, int& head) {
+        row = rows.row(r);
+        head = rows.head(r);
+        at = piece_at(p, pc, M, r, row, head);
+        if (lane == 0 && rows.real(r, p)) {
+            store_lse(p, at, row, head, (sm.maxima()[r] + log2_approx(sm.sums()[r])) * LN2);
+        }
+        return rows.real(r, p);
+    });
+    stamps.mark(8);
+    stamps.print("wgmma");
 }
 
 }  // namespace

@@ -424,19 +424,22 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     const int len = request_len(p, req, tid == 0 && pc.split == 0);
     const KeyRange keys = piece_keys(token_keys(p, len, tok), pc);
     if (keys.start >= keys.end) {
-        if (pc.splits == 1) write_empty<M, THREADS, L>(p, row, head0);
+        if (pc.splits == 1) {
+            write_empty<M, THREADS, L>(p, row, head0);
+        } else {  // stage 2 gives the split no weight
+            write_empty_split<M, THREADS>(p, [&](int r) {
+                return head0 + r < p.heads ? piece_at(p, pc, M, r, row, head0 + r) : -1;
+            });
+        }
         return;
     }
     const int tiles = (keys.end - keys.start + BN - 1) / BN;
     const float k_scale = read_k_scale(p, tid == 0 && pc.job == 0 && pc.split == 0);
 
     // Offsets of the ring's first tiles now; tile t + STAGES's block ids are read during tile t.
-    if (tid < BN) {
-        for (int t = 0; t < STAGES; ++t) {
-            const int pos = keys.start + t * BN + tid;
-            sm.offsets(t)[tid] = key_offset<1>(p, pos, block_of(p, req, pos, keys.end));
-        }
-    }
+    // One tile's loads after another: loaded together (FirstBlocks) they spill 8 bytes in the
+    // fp8-query variant, and this kernel runs only long splits, whose start matters little.
+    first_offsets<1, BN, STAGES>(p, req, keys, tid, [sm](int t) { return sm.offsets(t); });
     copy_q<M, L, D, THREADS>(p, smem_addr(sm.q()), tid, [&](int r, int& qrow, int& head) {
         qrow = row;
         head = head0 + r;

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use super::registry::{HEADERS, Variant};
+use super::registry::{Family, HEADERS, Variant};
 use super::{cache, ffi};
 use crate::error::Result;
 
@@ -186,15 +186,21 @@ pub fn options(variant: &Variant, target: &Target) -> Vec<String> {
     options_with(variant, target, &extra)
 }
 
-/// The NVRTC options of a variant plus `extra` defines (only for the stage-1 kernels).
+/// The NVRTC options of a variant plus `extra` defines: all of them for the stage-1 kernels,
+/// only [`STAMPS`] for the combine (the stamps time a whole decode, common/ptx.cuh).
 pub fn options_with(variant: &Variant, target: &Target, extra: &str) -> Vec<String> {
     let mut o = base_options(target);
     o.extend(variant.defines());
     if variant.family.is_decode() {
         o.extend(extra_defines(extra));
+    } else if variant.family == Family::Combine {
+        o.extend(extra_defines(extra).into_iter().filter(|d| d == STAMPS));
     }
     o
 }
+
+/// The kernel-development define that makes a decode's kernels stamp their phases.
+pub const STAMPS: &str = "-DMLA_EXP_STAMPS";
 
 /// The `-DNAME` or `-DNAME=VALUE` words of `text`; anything else is ignored. For kernel
 /// development only: timing a stage-1 kernel with a part switched off (the switches are
@@ -267,7 +273,7 @@ mod tests {
     }
 
     #[test]
-    fn extra_defines_reach_only_the_stage_one_kernels() {
+    fn extra_defines_reach_the_stage_one_kernels_and_stamps_the_combine() {
         use crate::dtype::{KvFormat, ModelDtype};
         assert_eq!(
             extra_defines("-DMLA_EXP_NO_S  -DX=1 --use_fast_math -D -Dbad;rm"),
@@ -291,6 +297,9 @@ mod tests {
             !options_with(&combine, &target, "-DMLA_EXP_NO_PV")
                 .contains(&"-DMLA_EXP_NO_PV".to_string())
         );
+        let stamped = options_with(&combine, &target, "-DMLA_EXP_NO_PV -DMLA_EXP_STAMPS");
+        assert!(stamped.contains(&STAMPS.to_string()));
+        assert!(!stamped.contains(&"-DMLA_EXP_NO_PV".to_string()));
     }
 
     #[test]
