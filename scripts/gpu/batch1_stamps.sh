@@ -5,7 +5,9 @@
 # then one run with MLA_EXP_STAMPS, whose stage-1 CTAs (blockIdx.x 0; blockIdx.y first and
 # last) print the SM clock at their phases (common/ptx.cuh, Stamps; the points are marked in
 # decode_mma and decode_wgmma: 1 keys known, 2 offsets and q issued, 3 first tiles issued,
-# 4 tile 0 landed, 5 tile 0's P in shared memory, 6 tile 0 done, 7 last tile done, 8 stored).
+# 4 tile 0 landed, 5 tile 0's P in shared memory, 6 tile 0 done, 7 last tile done, 8 stored;
+# in the combine: 1 stage 1's writes visible, 2 done). Stage 1's printf delays its end, so
+# a stamped combine's wait (point 1) is not the real one; the rest of its points are.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export MLA_CACHE_DIR=${MLA_CACHE_DIR:-/tmp/mla-cache}
