@@ -46,6 +46,10 @@ constexpr float LOG2E = 1.44269504088896340736f;
 constexpr float LN2 = 0.69314718055994530942f;
 static_assert(L % SLICE == 0, "L must be a multiple of 128");
 
+__device__ __forceinline__ f32x4 scaled(const f32x4& x, float w) {
+    return {x.x * w, x.y * w, x.z * w, x.w * w};
+}
+
 __device__ __forceinline__ void add_scaled(f32x4& acc, float w, const f32x4& x) {
     acc.x = fmaf(w, x.x, acc.x);
     acc.y = fmaf(w, x.y, acc.y);
@@ -109,7 +113,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mla_decode_combine(cons
             for (int b = 0; b < BATCH; ++b) top = fmaxf(top, lse[b]);
             if (top == NO_KEY_LSE) continue;  // no key in any split so far
             const float keep = exp2_approx(m - top);  // 0 while m is -inf
-            acc = {acc.x * keep, acc.y * keep, acc.z * keep, acc.w * keep};
+            acc = scaled(acc, keep);
             total *= keep;
 #pragma unroll
             for (int b = 0; b < BATCH; ++b) {
@@ -138,7 +142,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mla_decode_combine(cons
                     const float top = fmaxf(m, st.x);
                     if (top == NO_KEY_LSE) continue;
                     const float a = exp2_approx(m - top), b = exp2_approx(st.x - top);
-                    acc = {acc.x * a, acc.y * a, acc.z * a, acc.w * a};
+                    acc = scaled(acc, a);
                     add_scaled(acc, b, partial[(slot + v) * (SLICE / 4) + lane]);
                     total = total * a + st.y * b;
                     m = top;

@@ -192,8 +192,9 @@ struct StagedRows {
     }
 
     /// After a CTA barrier, tile rows r < ROWS out by NT threads (`t` this one's index), warp w
-    /// taking rows w, w + NT / 32, ...: where(r, at, row, head) is false for a padding row,
-    /// else gives the row's piece_at and its query row and head.
+    /// taking rows w, w + NT / 32, ...: where(r, at, row, head), called by each lane of that
+    /// warp once a row (so a caller may store the row's LSE from one lane there), is false for
+    /// a padding row, else gives the row's piece_at and its query row and head.
     template <int ROWS, int NT, typename Where>
     __device__ __forceinline__ void store(const DecodeParams& p, int t, Where where) const {
         constexpr int WARPS = NT / 32;

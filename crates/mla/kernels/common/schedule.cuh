@@ -73,3 +73,11 @@ __device__ __forceinline__ i64 piece_at(const DecodeParams& p, const Piece& pc, 
     if (pc.slot < 0) return grid_at(p, row, head);
     return pc.splits == 1 ? -1 : (i64)pc.slot * job_rows + r;
 }
+
+/// write_empty_split (common/keys.cuh) for a piece whose ROWS tile rows are heads head0 .. of
+/// query row `row` (the unpacked kernels' CTA), padding heads skipped.
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void write_empty_split_heads(const DecodeParams& p, const Piece& pc, int row, int head0) {
+    write_empty_split<ROWS, THREADS>(
+        p, [&](int r) { return head0 + r < p.heads ? piece_at(p, pc, ROWS, r, row, head0 + r) : i64(-1); });
+}

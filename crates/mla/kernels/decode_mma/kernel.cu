@@ -265,9 +265,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         if (splits == 1) {
             write_empty<ROWS, THREADS, L>(p, row, head0);
         } else if (!MLA_SCHED) {  // stage 2 gives the split no weight (a scheduled piece has keys)
-            write_empty_split<ROWS, THREADS>(p, [&p, pc, row, head0](int r) {
-                return head0 + r < p.heads ? piece_at(p, pc, ROWS, r, row, head0 + r) : -1;
-            });
+            write_empty_split_heads<ROWS, THREADS>(p, pc, row, head0);
         }
         return;
     }

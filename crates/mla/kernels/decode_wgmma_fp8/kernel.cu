@@ -427,9 +427,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         if (pc.splits == 1) {
             write_empty<M, THREADS, L>(p, row, head0);
         } else {  // stage 2 gives the split no weight
-            write_empty_split<M, THREADS>(p, [&](int r) {
-                return head0 + r < p.heads ? piece_at(p, pc, M, r, row, head0 + r) : -1;
-            });
+            write_empty_split_heads<M, THREADS>(p, pc, row, head0);
         }
         return;
     }

@@ -187,7 +187,7 @@ pub fn options(variant: &Variant, target: &Target) -> Vec<String> {
 }
 
 /// The NVRTC options of a variant plus `extra` defines: all of them for the stage-1 kernels,
-/// only [`STAMPS`] for the combine (the stamps time a whole decode, common/ptx.cuh).
+/// only `-DMLA_EXP_STAMPS` for the combine (the stamps time a whole decode, common/ptx.cuh).
 pub fn options_with(variant: &Variant, target: &Target, extra: &str) -> Vec<String> {
     let mut o = base_options(target);
     o.extend(variant.defines());
@@ -200,7 +200,7 @@ pub fn options_with(variant: &Variant, target: &Target, extra: &str) -> Vec<Stri
 }
 
 /// The kernel-development define that makes a decode's kernels stamp their phases.
-pub const STAMPS: &str = "-DMLA_EXP_STAMPS";
+const STAMPS: &str = "-DMLA_EXP_STAMPS";
 
 /// The `-DNAME` or `-DNAME=VALUE` words of `text`; anything else is ignored. For kernel
 /// development only: timing a stage-1 kernel with a part switched off (the switches are
