@@ -69,7 +69,9 @@ __device__ __forceinline__ i64 key_offset(const DecodeParams& p, int pos, i64 bl
 
 /// The byte offsets (key_offset) of the first TILES tiles of BN keys from keys.start, by the
 /// threads j < BN: key j of tile t at offsets(t)[j], one tile's block ids loaded after the
-/// last's offsets are stored (the fewest registers: kernels at their limit spill otherwise).
+/// last's offsets are stored. Loading them all first, before q's copies, spilled in the
+/// kernels at their register limit and did not start a batch-1 CTA sooner (sixteenth
+/// session), so every kernel takes this one.
 template <int ELEM, int BN, int TILES, typename Offsets>
 __device__ __forceinline__ void first_offsets(const DecodeParams& p, int req, KeyRange keys, int j,
                                               Offsets offsets) {
@@ -79,28 +81,6 @@ __device__ __forceinline__ void first_offsets(const DecodeParams& p, int req, Ke
         offsets(t)[j] = key_offset<ELEM>(p, pos, block_of(p, req, pos, keys.end));
     }
 }
-
-/// first_offsets with every block id loaded when the object is made, before any is used, so
-/// that a kernel issues its q copies while the loads fly (a store through a generic pointer
-/// between two table loads had kept them a round trip apart, and a thread waiting on its
-/// loads issued no copy meanwhile); `store` then writes the offsets. Not yet timed alone: the
-/// build that landed it started a batch-1 CTA no sooner (BENCHMARKS.md, sixteenth session).
-template <int BN, int TILES>
-struct FirstBlocks {
-    i64 block[TILES];
-
-    __device__ __forceinline__ FirstBlocks(const DecodeParams& p, int req, KeyRange keys, int j) {
-#pragma unroll
-        for (int t = 0; t < TILES; ++t) block[t] = j < BN ? block_of(p, req, keys.start + t * BN + j, keys.end) : NO_KEY;
-    }
-
-    template <int ELEM, typename Offsets>
-    __device__ __forceinline__ void store(const DecodeParams& p, KeyRange keys, int j, Offsets offsets) const {
-        if (j >= BN) return;
-#pragma unroll
-        for (int t = 0; t < TILES; ++t) offsets(t)[j] = key_offset<ELEM>(p, keys.start + t * BN + j, block[t]);
-    }
-};
 
 /// A tile of BN keys into shared memory by cp.async, by WARPS warps from `first_warp` on:
 /// warp w takes keys w, w + WARPS, ...; lane l the key's 16-byte pieces l, l + 32, ... (PIECES

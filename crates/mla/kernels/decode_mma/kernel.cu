@@ -276,16 +276,8 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     // Offsets of tiles 0 .. STAGES - 1 now; from then on the block ids of tile t + STAGES are
     // read during tile t (into `next_block`) and turned into offsets at the end of it.
     const int tid = threadIdx.x;
-    const auto offsets = [sm](int t) { return sm.offsets(t); };
-#if MLA_SCHED
-    // The scheduled variants, at their register limit, one tile's block ids after another.
-    first_offsets<KV_ELEM, BN, STAGES>(p, req, keys, tid, offsets);
+    first_offsets<KV_ELEM, BN, STAGES>(p, req, keys, tid, [sm](int t) { return sm.offsets(t); });
     load_q(p, sm, row, head0);
-#else
-    const FirstBlocks<BN, STAGES> first_blocks(p, req, keys, tid);
-    load_q(p, sm, row, head0);
-    first_blocks.store<KV_ELEM>(p, keys, tid, offsets);
-#endif
     cp_async_commit();  // q in a group of its own: an fp8 decode rewrites it while tiles fly
     __syncthreads();
     stamps.mark(2);

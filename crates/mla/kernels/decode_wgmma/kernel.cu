@@ -403,16 +403,8 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     [[maybe_unused]] const float k_scale = CONVERT ? read_k_scale(p, tid == 0 && pc.job == 0 && pc.split == 0) : 1.0f;
 
     // Offsets of tiles 0 and 1 now; tile t + 2's block ids are read during tile t.
-    const auto offsets = [sm](int t) { return sm.offsets(t); };
-#if MLA_SCHED
-    // The scheduled variants, at their register limit, one tile's block ids after another.
-    first_offsets<KV_ELEM, BN, STAGES>(p, req, keys, tid, offsets);
+    first_offsets<KV_ELEM, BN, STAGES>(p, req, keys, tid, [sm](int t) { return sm.offsets(t); });
     load_q(p, sm, rows);
-#else
-    const FirstBlocks<BN, STAGES> first_blocks(p, req, keys, tid);
-    load_q(p, sm, rows);
-    first_blocks.store<KV_ELEM>(p, keys, tid, offsets);
-#endif
     cp_async_commit();  // q in a group of its own: an fp8 decode rewrites it while tile 0 flies
     __syncthreads();
     stamps.mark(2);

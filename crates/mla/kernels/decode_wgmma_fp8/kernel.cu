@@ -435,8 +435,6 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     const float k_scale = read_k_scale(p, tid == 0 && pc.job == 0 && pc.split == 0);
 
     // Offsets of the ring's first tiles now; tile t + STAGES's block ids are read during tile t.
-    // One tile's loads after another: loaded together (FirstBlocks) they spill 8 bytes in the
-    // fp8-query variant, and this kernel runs only long splits, whose start matters little.
     first_offsets<1, BN, STAGES>(p, req, keys, tid, [sm](int t) { return sm.offsets(t); });
     copy_q<M, L, D, THREADS>(p, smem_addr(sm.q()), tid, [&](int r, int& qrow, int& head) {
         qrow = row;
