@@ -84,16 +84,17 @@ __device__ __forceinline__ void first_offsets(const DecodeParams& p, int req, Ke
 
 /// A tile of BN keys into shared memory by cp.async, by WARPS warps from `first_warp` on:
 /// warp w takes keys w, w + WARPS, ...; lane l the key's 16-byte pieces l, l + 32, ... (PIECES
-/// a key; compile-time trip counts). offsets[j]: key j's byte offset in the cache, < 0 for a
-/// key that is zero-filled and never read; dst(j, c): the shared address of piece c of key j.
-template <int BN, int PIECES, int WARPS, typename Dst>
-__device__ __forceinline__ void copy_keys(const DecodeParams& p, const i64* offsets, int first_warp, Dst dst) {
+/// a key; compile-time trip counts). offset(j): key j's byte offset in the cache, < 0 for a
+/// key that is zero-filled and never read (called once a key by every lane of its warp);
+/// dst(j, c): the shared address of piece c of key j.
+template <int BN, int PIECES, int WARPS, typename Offset, typename Dst>
+__device__ __forceinline__ void copy_keys(const DecodeParams& p, Offset offset, int first_warp, Dst dst) {
     constexpr int LANE_STEPS = (PIECES + 31) / 32;
     const int warp = threadIdx.x / 32 - first_warp, lane = threadIdx.x % 32;
 #pragma unroll
     for (int jj = 0; jj < BN / WARPS; ++jj) {
         const int j = warp + jj * WARPS;
-        const i64 off = offsets[j];
+        const i64 off = offset(j);
         const bool valid = off >= 0;
         const unsigned char* src = (const unsigned char*)p.kv + (valid ? off : 0);
 #pragma unroll

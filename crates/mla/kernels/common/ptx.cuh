@@ -53,6 +53,11 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid)
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
+/// One arrival on the mbarrier at `bar` (which counts it among its expected arrivals) once
+/// every cp.async this thread has issued so far has landed.
+__device__ __forceinline__ void cp_async_arrive_on(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
 /// Waits until at most N of the committed groups are still in flight.
 template <int N>
 __device__ __forceinline__ void cp_async_wait_group() {

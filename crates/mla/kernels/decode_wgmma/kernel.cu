@@ -173,7 +173,7 @@ template <int WARPS>
 __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, const i64* offsets, int s,
                                           int first_warp) {
     const u32 stage = smem_addr(sm.stage(s));
-    copy_keys<BN, KEY_PIECES, WARPS>(p, offsets, first_warp, [stage](int j, int c) {
+    copy_keys<BN, KEY_PIECES, WARPS>(p, [offsets](int j) { return offsets[j]; }, first_warp, [stage](int j, int c) {
         return stage + (QFP8  ? swizzled64<BN>(j, c)
                         : FP8 ? j * (D * KV_ELEM) + c * 16
                               : swizzled<BN>(j, c));

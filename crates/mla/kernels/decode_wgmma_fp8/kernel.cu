@@ -25,10 +25,11 @@
  *   goes back through the same map, 8 consecutive columns a head and thread (store_run8).
  *
  * Block: two warpgroups (256 threads), one CTA an SM. Shared memory: q (64 x D f16,
- * swizzled), P^T (64 keys x 64 heads f16, swizzled, MN-major), a ring of STAGES raw tiles
- * (64 keys x D codes, rows padded to D + 16 bytes: the lanes of a quad then load from
- * different banks), key offsets, the four warps' column maxima, the rescale factors. Per
- * tile t:
+ * swizzled), P^T (64 keys x 64 heads f16, swizzled, MN-major; two in the fp8-query mode,
+ * tile t's in buffer t % 2), a ring of STAGES raw tiles (64 keys x D codes, rows padded to
+ * D + 16 bytes: the lanes of a quad then load from different banks), key offsets, the four
+ * warps' column maxima and the rescale factors (two tiles' in the fp8-query mode), the
+ * mbarriers (Smem). Under a 16-bit query, per tile t (`in_step`):
  *   1. every thread waits for its copies of tile t (cp.async), barrier; warpgroup 1 issues
  *      tile t + STAGES - 1 and reads the block ids of the tile after it;
  *   2. warpgroup 0: S^T (36 wgmma of k = 16, A converted a 64-column group at a time, two
@@ -38,12 +39,26 @@
  *      memory, the rescale factors beside it; each thread keeps partial column sums;
  *   3. barrier; both warpgroups: O^T = O^T alpha + V^T P^T for their 256 latent columns
  *      (4 m-tiles of 64 x 64 f32, 128 registers a thread), A converted a k-step at a time.
+ * In the fp8-query mode, whose products are short, warpgroup 1 runs a tile behind warpgroup
+ * 0 with no CTA barrier in the tile loop (mbarriers hand over each buffer and stage):
+ *   warpgroup 0 (`lead_tiles`), tile t: waits for the stage to land; S^T; the softmax (the
+ *      column max as above), then, once warpgroup 1 is done with buffer t % 2 (tile t - 2),
+ *      P^T and the rescale factors into it; its half of O^T (latent columns 0 .. 255);
+ *   warpgroup 1 (`lag_tiles`), tile t: once P^T of tile t is ready, its half of O^T (latent
+ *      columns 256 .. 511), beside warpgroup 0's half and its S^T of tile t + 1; then, once both are done with the stage, the copies of tile t + STAGES
+ *      into it (cp.async, landing counted by the stage's mbarrier), their block ids read a
+ *      tile before. 1.20x the in-step schedule in this mode; 3% to 10% slower under a
+ *      16-bit query, whose conversions keep both warpgroups' issue slots busy (NOTES.md,
+ *      "The lag schedule").
  * At the end, the sums over the warps, O / l and the LSE, to o and lse (one split) or the
  * split's workspace slot. k_scale (one scale for K and V) goes on the scores and the output;
  * a bf16 q is rewritten as f16 times a power of two (common/fp8.cuh, "Products in f16").
  *
  * Kernel-development switches (MLA_EXTRA_DEFINES, never in a shipped build): MLA_EXP_NO_S,
- * MLA_EXP_NO_PV drop a product with its conversions, to time the rest (results are wrong).
+ * MLA_EXP_NO_PV drop a product with its conversions, to time the rest (results are wrong);
+ * MLA_EXP_LAZY_PV1 (fp8-query mode) starts warpgroup 1's half of tile t only once warpgroup
+ * 0 has the column maxima of tile t + 1 (results right; 1.03x slower in the sixteenth
+ * session's measurement, hence not the default).
  *
  * Compile-time configuration (-D):
  *   MLA_L, MLA_R   latent and rotary widths (L = 512; (L + R) % 64 == 0)
@@ -88,30 +103,54 @@ constexpr int Q_BYTES = M * D * 2;
 constexpr int P_BYTES = BN * M * 2;
 constexpr int STAGE_BYTES = BN * ROW;
 constexpr int OFF_BYTES = STAGES * BN * 8;
-constexpr int RED_BYTES = 4 * M * 4;   // a float per warp of warpgroup 0 and head
-constexpr int STAT_BYTES = 2 * M * 4;  // alpha, then the final maxima
-constexpr int BAR_BYTES = 8;           // the column maxima's mbarrier
+constexpr int BUFS = QFP8 ? 2 : 1;       // P^T, column maxima and alpha buffers (tiles in flight)
+constexpr int RED_BYTES = BUFS * 4 * M * 4;  // a float per warp of warpgroup 0 and head, a buffer
+constexpr int STAT_BYTES = (BUFS + 1) * M * 4;  // alpha a buffer, then the final maxima
+constexpr int BARS = QFP8 ? 6 + 2 * STAGES : 1;  // Smem's mbarriers
+constexpr int BAR_BYTES = 8 * BARS;
 constexpr int ALIGN = 1024;            // swizzle atoms must be 1024-byte aligned
 static_assert(Q_BYTES % ALIGN == 0 && STAGE_BYTES % 16 == 0, "layout alignment");
 
 struct Smem {
-    unsigned char* base;  // 1024-byte aligned
+    unsigned char* base;  // 1024-byte aligned in the shared space (the swizzle atoms)
+    u32 at;               // base's shared-space address
+    /// The shared-space address of `x` (inside the layout). The lag schedule's as `at` plus
+    /// its offset: its loops then keep one 32-bit base live, not a 64-bit generic one (64-bit
+    /// sums, converted at each use), which cost the registers that spilled. The in-step
+    /// loop's converted from the generic pointer, as before the lag schedule (with the sum
+    /// its code moved and ran 1% slower).
+    __device__ u32 addr(const void* x) const {
+        return QFP8 ? at + (u32)((const unsigned char*)x - base) : smem_addr(x);
+    }
     __device__ unsigned char* q() const { return base; }
-    __device__ unsigned char* pt() const { return base + Q_BYTES; }
-    __device__ unsigned char* stage(int s) const { return base + Q_BYTES + P_BYTES + s * STAGE_BYTES; }
+    /// P^T of buffer b (tile t's in buffer t % BUFS).
+    __device__ unsigned char* pt(int b) const { return base + Q_BYTES + b * P_BYTES; }
+    __device__ unsigned char* stage(int s) const { return base + Q_BYTES + BUFS * P_BYTES + s * STAGE_BYTES; }
     __device__ i64* offsets(int s) const { return (i64*)stage(STAGES) + s * BN; }
-    __device__ float* red() const { return (float*)offsets(STAGES); }
-    __device__ float* alpha() const { return red() + 4 * M; }
-    __device__ float* maxima() const { return alpha() + M; }
-    /// Warpgroup 0's hand-over of the column maxima (128 arrivals a phase, a phase a tile).
-    __device__ u32 maxima_ready() const { return smem_addr(maxima() + M); }
+    __device__ float* red(int b) const { return (float*)offsets(STAGES) + b * 4 * M; }
+    __device__ float* alpha(int b) const { return red(BUFS) + b * M; }
+    __device__ float* maxima() const { return alpha(BUFS); }
+    // The mbarriers, a phase a tile of theirs (tile t: buffer b = t % BUFS, stage s = t %
+    // STAGES), addressed from an opaque base: else the loops keep each one's address live.
+    __device__ u32 bar(int i) const { return (QFP8 ? opaque_u32(addr(maxima() + M)) : addr(maxima() + M)) + 8 * i; }
+    /// Warpgroup 0's column maxima of buffer b's tiles in red(b) (warpgroup 0's 128 arrivals).
+    __device__ u32 maxima_ready(int b) const { return bar(b); }
+    // The fp8-query mode's lag schedule only:
+    /// P^T and alpha of buffer b written (warpgroup 0's 128 arrivals).
+    __device__ u32 p_ready(int b) const { return bar(2 + b); }
+    /// P^T and alpha of buffer b read by warpgroup 1 (its 128 arrivals).
+    __device__ u32 p_free(int b) const { return bar(4 + b); }
+    /// Stage s landed (warpgroup 1's 128 cp.async arrivals: it issues every copy).
+    __device__ u32 landed(int s) const { return bar(6 + s); }
+    /// Stage s read by everyone (256 arrivals).
+    __device__ u32 stage_free(int s) const { return bar(6 + STAGES + s); }
 };
 
 }  // namespace
 
 /// Shared memory the kernel needs (the host checks it against its own count).
 extern "C" __constant__ int mla_decode_smem_bytes =
-    ALIGN + Q_BYTES + P_BYTES + STAGES * STAGE_BYTES + OFF_BYTES + RED_BYTES + STAT_BYTES + BAR_BYTES;
+    ALIGN + Q_BYTES + BUFS * P_BYTES + STAGES * STAGE_BYTES + OFF_BYTES + RED_BYTES + STAT_BYTES + BAR_BYTES;
 
 namespace {
 
@@ -121,8 +160,17 @@ template <int WARPS>
 __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, const i64* offsets, int s,
                                           int first_warp) {
     const u32 stage = smem_addr(sm.stage(s));
-    copy_keys<BN, KEY_PIECES, WARPS>(p, offsets, first_warp,
+    copy_keys<BN, KEY_PIECES, WARPS>(p, [offsets](int j) { return offsets[j]; }, first_warp,
                                      [stage](int j, int c) { return stage + j * ROW + c * 16; });
+}
+
+/// The lag schedule's tile loads: by warpgroup 1 (offset(j) < 0 zero-fills key j), whose
+/// threads then arrive on the stage's `landed` mbarrier as their copies land.
+template <typename Offset>
+__device__ __forceinline__ void load_tile_counted(const DecodeParams& p, const Smem& sm, Offset offset, int s) {
+    const u32 stage = sm.addr(sm.stage(s));
+    copy_keys<BN, KEY_PIECES, 4>(p, offset, 4, [stage](int j, int c) { return stage + j * ROW + c * 16; });
+    cp_async_arrive_on(sm.landed(s));
 }
 
 /// q (f16, swizzled) rewritten in the scores' column order: within each 64-column group,
@@ -312,8 +360,7 @@ __device__ __forceinline__ void values(float (&o)[MT][32], u32 keys, u64 pd) {
 /// `inside` false), each head's (column's) max over this warp's 16 keys into red, for
 /// `softmax_of` to take the max over the four warps after the hand-over.
 template <bool MASKED>
-__device__ __forceinline__ void column_max(float (&s)[32], int first, int end, const Smem& sm, int w, int g,
-                                           int c) {
+__device__ __forceinline__ void column_max(float (&s)[32], int first, int end, u32 red_b, int w, int g, int c) {
     float cm[16];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -332,20 +379,40 @@ __device__ __forceinline__ void column_max(float (&s)[32], int first, int end, c
     }
     // Shared memory through 32-bit addresses from bases the compiler cannot see through:
     // else it keeps a 64-bit generic address per access live across the tile loop (spills).
-    const u32 red = opaque_u32(smem_addr(sm.red())) + 4 * (2 * c);  // head 2c; + 4 (M w + 8 j) below
+    const u32 red = opaque_u32(red_b) + 4 * (2 * c);  // head 2c; + 4 (M w + 8 j) below
     if (g == 0) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) st_shared_f32x2(red + 4 * (w * M + 8 * j), cm[2 * j], cm[2 * j + 1]);
     }
 }
 
-/// Step 2's second half, after the hand-over that publishes `column_max`'s red: per head, the
-/// max over the four warps, the running max m (base 2, scaled) and this thread's partial
-/// sums l (head 8 j + 2 c + b at index 2 j + b) rescaled, P^T rounded to f16 into shared
-/// memory and the rescale factors (exactly 1 when the max did not move) beside it.
+/// Step 2's first half on warpgroup 0: S^T of the tile staged at `stage` (`scores`, B = q
+/// at descriptor `qd`) and each head's max over this warp's keys into `red` (`column_max`;
+/// keys from `first` on, masked at `end` on a split's last tile).
+__device__ __forceinline__ void scores_to_red(float (&s)[32], u32 stage, u64 qd, int first, int end, u32 red, int w,
+                                              int g, int c) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+#ifndef MLA_EXP_NO_S
+    scores(s, stage + (16 * w + g) * ROW + 16 * c, opaque(qd));
+#endif
+    if (first + BN <= end) {
+        column_max<false>(s, first, end, red, w, g, c);
+    } else {
+        column_max<true>(s, first, end, red, w, g, c);
+    }
+}
+
+/// Step 2's second half, after the hand-over that publishes `column_max`'s red (buffer b):
+/// per head, the max over the four warps, the running max m (base 2, scaled) and this
+/// thread's partial sums l (head 8 j + 2 c + b at index 2 j + b) rescaled, P^T into buffer
+/// b and the rescale factors (exactly 1 when the max did not move) into alpha(b).
 __device__ __forceinline__ void softmax_of(const float (&s)[32], float (&m)[16], float (&l)[16], float sc,
-                                           const Smem& sm, int w, int g, int c) {
-    const u32 red = opaque_u32(smem_addr(sm.red())) + 4 * (2 * c);
+                                           const Smem& sm, int buf, int w, int g, int c) {
+    const u32 red = opaque_u32(sm.addr(sm.red(buf))) + 4 * (2 * c);
+    // The lag schedule stores the rescale factors as soon as they are known: kept to the end,
+    // their 16 registers would be live beside s, m, l and o through P^T (the loop's peak).
+    const u32 alpha_at = QFP8 ? opaque_u32(sm.addr(sm.alpha(buf))) + 4 * (2 * c) : 0;
     float alpha[16];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -366,11 +433,15 @@ __device__ __forceinline__ void softmax_of(const float (&s)[32], float (&m)[16],
             m[i] = m_new;
             l[i] *= alpha[i];
         }
+        if (QFP8 && w == 0 && g == 0) st_shared_f32x2(alpha_at + 4 * 8 * j, alpha[2 * j], alpha[2 * j + 1]);
     }
     if (QFP8) {
         // P^T as e4m3(P FP8_P_SCALE) codes, [head][key] (K-major, 64-byte swizzled), keys in
-        // values' order: this thread's keys 16 w + g, + 8 are logical 16 w + 2 g, + 1.
-        const u32 pt = opaque_u32(smem_addr(sm.pt())) + 2 * g;
+        // values' order: this thread's keys 16 w + g, + 8 are logical 16 w + 2 g, + 1. Head
+        // 8 j + 2 c + b's piece w sits at swizzled64<M>(8 j + 2 c + b, w) = 512 j + 64 b +
+        // 128 c + 16 (w ^ c) (its row's pair 4 j + c, c mod 4): one base, then immediates
+        // (the compiler, not knowing c < 4, otherwise keeps the 16 offsets live across the loop).
+        const u32 pt = opaque_u32(sm.addr(sm.pt(buf))) + 2 * g + 128 * c + 16 * (w ^ c);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -378,13 +449,13 @@ __device__ __forceinline__ void softmax_of(const float (&s)[32], float (&m)[16],
                 const float p0 = exp2_approx(fmaf(s[4 * j + b], sc, -m[2 * j + b]));
                 const float p1 = exp2_approx(fmaf(s[4 * j + 2 + b], sc, -m[2 * j + b]));
                 l[2 * j + b] += p0 + p1;
-                st_shared_u16(pt + swizzled64<M>(8 * j + 2 * c + b, w), e4m3x2_bits(p0 * FP8_P_SCALE, p1 * FP8_P_SCALE));
+                st_shared_u16(pt + 512 * j + 64 * b, e4m3x2_bits(p0 * FP8_P_SCALE, p1 * FP8_P_SCALE));
             }
         }
     } else {
         // P^T as f16, [key][head] (MN-major, 128-byte swizzled): heads 2 c, 2 c + 1 of key
         // 16 w + g + 8 h in one word.
-        const u32 pt = opaque_u32(smem_addr(sm.pt())) + 4 * c;
+        const u32 pt = opaque_u32(sm.addr(sm.pt(buf))) + 4 * c;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -398,17 +469,165 @@ __device__ __forceinline__ void softmax_of(const float (&s)[32], float (&m)[16],
             }
         }
     }
-    if (w == 0 && g == 0) {
+    if (!QFP8 && w == 0 && g == 0) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) st_shared_f32x2(red + 4 * (4 * M + 8 * j), alpha[2 * j], alpha[2 * j + 1]);
     }
     fence_proxy_async();  // P^T is read by wgmma next
 }
 
-/// The CTA's shared memory, aligned for the swizzle atoms.
+/// O^T *= alpha of buffer b, skipped when no max of the warp's heads moved (most tiles).
+__device__ __forceinline__ void rescale(float (&o)[MT][32], const Smem& sm, int b, int c) {
+    const u32 alpha_at = opaque_u32(sm.addr(sm.alpha(b))) + 4 * (2 * c);  // heads 8 j + 2 c, 4 bytes a float
+    float al[16];  // heads 8 j + 2 c + e at index 2 j + e
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const f32x2 a = ld_shared_f32x2(alpha_at + 4 * 8 * j);
+        al[2 * j] = a.x;
+        al[2 * j + 1] = a.y;
+    }
+    bool moved = false;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) moved |= al[i] != 1.0f;
+    if (__any_sync(0xffffffffu, moved)) {  // most tiles keep every max
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+#pragma unroll
+            for (int k = 0; k < 32; ++k) o[i][k] *= al[2 * (k / 4) + k % 2];
+        }
+    }
+}
+
+/// The B descriptor of P^T in buffer b for `values`.
+__device__ __forceinline__ u64 pt_desc(const Smem& sm, int b) {
+    const u32 at = sm.addr(sm.pt(b));
+    return opaque(QFP8 ? smem_desc64(at, 16, 512) : smem_desc(at, BN * 128, 1024));
+}
+
+/// The tiles under a 16-bit query, both warpgroups in step (the header's steps 1 to 3): a CTA
+/// barrier hands each landed tile to everyone, another P^T and alpha to both warpgroups.
+__device__ __forceinline__ void in_step_tiles(const DecodeParams& p, const Smem& sm, int req, const KeyRange& keys,
+                                              int tiles, float sc, float (&o)[MT][32], float (&m)[16],
+                                              float (&l)[16]) {
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int wg = warp / 4, w = warp % 4;  // warpgroup, warp within it
+    const int g = lane / 4, c = lane % 4;
+    const u64 qd = smem_desc(smem_addr(sm.q()), 16, 1024);
+    const u32 pt_addr = smem_addr(sm.pt(0));
+
+    for (int t = 0; t < tiles; ++t) {
+        const int first = keys.start + t * BN;
+        const int st = t % STAGES;
+        // 1. Tile t landed for this thread; the barrier hands it to every thread. Everyone is
+        //    also done with tile t - 1 (its stage is free) and P^T.
+        cp_async_wait_group<STAGES - 2>();
+        __syncthreads();
+        const int lt = tid - THREADS / 2;  // warpgroup 1's thread index
+        const bool reads_ahead = lt >= 0 && lt < BN;  // a key of tile t + STAGES's each
+        const int ahead = first + STAGES * BN + lt;
+        if (wg == 1 && t + STAGES - 1 < tiles) {
+            load_tile<4>(p, sm, sm.offsets((t + STAGES - 1) % STAGES), (t + STAGES - 1) % STAGES, 4);
+        }
+        cp_async_commit();
+        const u32 stage = smem_addr(sm.stage(st));
+
+        const i64 next_block = reads_ahead ? block_of(p, req, ahead, keys.end) : NO_KEY;
+        if (wg == 0) {
+            // 2. S^T and the softmax, whose column max crosses the four warps through shared
+            //    memory and an mbarrier of warpgroup 0 (a named barrier there runs as fast,
+            //    but compute-sanitizer's racecheck then reports hazards across the CTA
+            //    barriers, and a CTA barrier costs 8%: NOTES.md, "racecheck").
+            float s[32];
+            scores_to_red(s, stage, qd, first, keys.end, sm.addr(sm.red(0)), w, g, c);
+            mbar_arrive(sm.maxima_ready(0));
+            mbar_wait(sm.maxima_ready(0), t & 1);
+            softmax_of(s, m, l, sc, sm, 0, w, g, c);
+        }
+        __syncthreads();  // P^T and alpha of tile t are in shared memory
+
+        // 3. O^T = O^T alpha + V^T P^T.
+        rescale(o, sm, 0, c);
+#ifndef MLA_EXP_NO_PV
+        values(o, stage + 2 * c * ROW + wg * COLS + 64 * w + 8 * g, opaque(smem_desc(pt_addr, BN * 128, 1024)));
+#endif
+        // Tile t + STAGES's offsets go where tile t's were (issued STAGES - 1 tiles ago); the
+        // next iteration's barrier publishes them.
+        if (reads_ahead) sm.offsets(st)[lt] = key_offset<1>(p, ahead, next_block);
+    }
+}
+
+/// The fp8-query mode's warpgroup 0 (the header's lag schedule): S^T, the softmax (P^T into
+/// buffer t % 2) and its half of V^T P^T (latent columns 0 .. COLS - 1), a tile ahead of
+/// warpgroup 1.
+__device__ __forceinline__ void lead_tiles(const DecodeParams& p, const Smem& sm, const KeyRange& keys, int tiles,
+                                           float sc, float (&o)[MT][32], float (&m)[16], float (&l)[16], int w,
+                                           int g, int c) {
+    const u64 qd = smem_desc64(sm.addr(sm.q()), 16, 512);
+    for (int t = 0; t < tiles; ++t) {
+        const int first = keys.start + t * BN;
+        const int st = t % STAGES, b = t % 2;
+        const u32 stage = opaque_u32(sm.addr(sm.stage(0))) + st * STAGE_BYTES;
+        mbar_wait(sm.landed(st), (t / STAGES) & 1);
+        // S^T and the softmax, whose column max crosses the four warps through shared memory
+        // and an mbarrier (a named barrier runs as fast, but compute-sanitizer's racecheck
+        // then reports false hazards: NOTES.md, "racecheck").
+        float s[32];
+        scores_to_red(s, stage, qd, first, keys.end, sm.addr(sm.red(b)), w, g, c);
+        mbar_arrive(sm.maxima_ready(b));  // also tells warpgroup 1 that S^T of tile t is done
+        mbar_wait(sm.maxima_ready(b), (t / 2) & 1);
+        if (t >= 2) mbar_wait(sm.p_free(b), (t / 2 - 1) & 1);  // warpgroup 1 is done with tile t - 2
+        softmax_of(s, m, l, sc, sm, b, w, g, c);
+        mbar_arrive(sm.p_ready(b));
+        mbar_wait(sm.p_ready(b), (t / 2) & 1);  // every warp's P^T, for this warpgroup's product too
+        rescale(o, sm, b, c);
+#ifndef MLA_EXP_NO_PV
+        values(o, stage + 2 * c * ROW + 64 * w + 8 * g, pt_desc(sm, b));
+#endif
+        mbar_arrive(sm.stage_free(st));
+    }
+}
+
+/// The fp8-query mode's warpgroup 1: its half of V^T P^T (latent columns COLS .. L - 1) of
+/// tile t once P^T of tile t is ready, then the copies of tile t + STAGES into the stage
+/// tile t leaves. The block ids of that tile's keys are read at the top of the iteration
+/// (register `next_block`: lanes l and l + 16 of warp w both hold key w + 4 (l % 16)), a tile
+/// before they are needed.
+__device__ __forceinline__ void lag_tiles(const DecodeParams& p, const Smem& sm, int req, const KeyRange& keys,
+                                          int tiles, float (&o)[MT][32], int w, int g, int c) {
+    const int lane = threadIdx.x % 32;
+    for (int t = 0; t < tiles; ++t) {
+        const int st = t % STAGES, b = t % 2;
+        const bool refill = t + STAGES < tiles;
+        const int ahead = keys.start + (t + STAGES) * BN + w + 4 * (lane % 16);
+        const i64 next_block = refill ? block_of(p, req, ahead, keys.end) : NO_KEY;
+        mbar_wait(sm.p_ready(b), (t / 2) & 1);
+#ifdef MLA_EXP_LAZY_PV1
+        if (t + 1 < tiles) mbar_wait(sm.maxima_ready((t + 1) % 2), ((t + 1) / 2) & 1);
+#endif
+        mbar_wait(sm.landed(st), (t / STAGES) & 1);  // the codes other threads copied
+        rescale(o, sm, b, c);
+#ifndef MLA_EXP_NO_PV
+        values(o, opaque_u32(sm.addr(sm.stage(0))) + st * STAGE_BYTES + 2 * c * ROW + COLS + 64 * w + 8 * g,
+               pt_desc(sm, b));
+#endif
+        mbar_arrive(sm.p_free(b));
+        mbar_arrive(sm.stage_free(st));
+        if (refill) {
+            const i64 off = key_offset<1>(p, ahead, next_block);
+            mbar_wait(sm.stage_free(st), (t / STAGES) & 1);  // warpgroup 0 is done with it too
+            load_tile_counted(p, sm, [off](int j) { return __shfl_sync(0xffffffffu, off, j / 4); }, st);
+        }
+    }
+}
+
+/// The CTA's shared memory, aligned for the swizzle atoms (their shared-space addresses: the
+/// padding is counted there, from the buffer's own shared address).
 __device__ __forceinline__ Smem shared_layout() {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    return Smem{(unsigned char*)(((u64)smem_raw + ALIGN - 1) & ~(u64)(ALIGN - 1))};
+    if (!QFP8) return Smem{(unsigned char*)(((u64)smem_raw + ALIGN - 1) & ~(u64)(ALIGN - 1)), 0};  // `at` unused
+    const u32 raw = (u32)__cvta_generic_to_shared(smem_raw);
+    const u32 pad = ((raw + ALIGN - 1) & ~(u32)(ALIGN - 1)) - raw;
+    return Smem{smem_raw + pad, raw + pad};
 }
 
 __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& sm, const Piece& pc) {
@@ -443,24 +662,44 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     });
     cp_async_commit();
     if (tid == 0) {
-        mbar_init(sm.maxima_ready(), THREADS / 2);
+        for (int b = 0; b < BUFS; ++b) mbar_init(sm.maxima_ready(b), THREADS / 2);
+        if (QFP8) {
+            for (int b = 0; b < 2; ++b) {
+                mbar_init(sm.p_ready(b), THREADS / 2);
+                mbar_init(sm.p_free(b), THREADS / 2);
+            }
+            for (int s = 0; s < STAGES; ++s) {
+                mbar_init(sm.landed(s), THREADS / 2);
+                mbar_init(sm.stage_free(s), THREADS);
+            }
+        }
         mbar_fence_init();
     }
-    __syncthreads();  // the offsets, the mbarrier
-#pragma unroll
-    for (int t = 0; t < STAGES - 1; ++t) {
-        if (t < tiles) load_tile<THREADS / 32>(p, sm, sm.offsets(t), t, 0);
+    __syncthreads();  // the offsets, the mbarriers
+    if (QFP8) {  // the lag schedule: warpgroup 1 issues every tile, the whole ring now
+        if (wg == 1) {
+            for (int t = 0; t < STAGES && t < tiles; ++t) {
+                const i64* offsets = sm.offsets(t);
+                load_tile_counted(p, sm, [offsets](int j) { return offsets[j]; }, t);
+            }
+        }
         cp_async_commit();
+    } else {
+#pragma unroll
+        for (int t = 0; t < STAGES - 1; ++t) {
+            if (t < tiles) load_tile<THREADS / 32>(p, sm, sm.offsets(t), t, 0);
+            cp_async_commit();
+        }
     }
     float sc = p.scale_log2 * k_scale;
-    cp_async_wait_group<STAGES - 1>();  // q landed (the first tiles may fly on)
+    cp_async_wait_group<QFP8 ? 1 : STAGES - 1>();  // q landed (the first tiles may fly on)
     __syncthreads();
     if (QFP8) {
         const float q_scale = read_q_scale(p, tid == 0 && pc.job == 0 && pc.split == 0);
         quantize_q(sm, q_scale);
         sc *= q_scale;
     } else {
-        if (BF16) sc *= q_to_f16<THREADS>(sm.q(), M * (D / 8), [](int i) { return i * 16; }, (u32*)sm.alpha());
+        if (BF16) sc *= q_to_f16<THREADS>(sm.q(), M * (D / 8), [](int i) { return i * 16; }, (u32*)sm.alpha(0));
         permute_q(sm);
     }
 
@@ -476,74 +715,12 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         m[i] = bits_to_float(0xff800000u);
         l[i] = 0.0f;
     }
-    const u64 qd = QFP8 ? smem_desc64(smem_addr(sm.q()), 16, 512) : smem_desc(smem_addr(sm.q()), 16, 1024);
-    const u32 pt_addr = smem_addr(sm.pt());
-
-    for (int t = 0; t < tiles; ++t) {
-        const int first = keys.start + t * BN;
-        const int st = t % STAGES;
-        // 1. Tile t landed for this thread; the barrier hands it to every thread. Everyone is
-        //    also done with tile t - 1 (its stage is free) and P^T.
-        cp_async_wait_group<STAGES - 2>();
-        __syncthreads();
-        const int lt = tid - THREADS / 2;  // warpgroup 1's thread index
-        const bool reads_ahead = lt >= 0 && lt < BN;  // a key of tile t + STAGES's each
-        const int ahead = first + STAGES * BN + lt;
-        if (wg == 1 && t + STAGES - 1 < tiles) {
-            load_tile<4>(p, sm, sm.offsets((t + STAGES - 1) % STAGES), (t + STAGES - 1) % STAGES, 4);
-        }
-        cp_async_commit();
-        const u32 stage = smem_addr(sm.stage(st));
-
-        const i64 next_block = reads_ahead ? block_of(p, req, ahead, keys.end) : NO_KEY;
-        if (wg == 0) {
-            // 2. S^T and the softmax, whose column max crosses the four warps through shared
-            //    memory and an mbarrier of warpgroup 0 (a named barrier there runs as fast,
-            //    but compute-sanitizer's racecheck then reports hazards across the CTA
-            //    barriers, and a CTA barrier costs 8%: NOTES.md, "racecheck").
-            float s[32];
-#pragma unroll
-            for (int i = 0; i < 32; ++i) s[i] = 0.0f;
-#ifndef MLA_EXP_NO_S
-            scores(s, stage + (16 * w + g) * ROW + 16 * c, opaque(qd));
-#endif
-            if (first + BN <= keys.end) {
-                column_max<false>(s, first, keys.end, sm, w, g, c);
-            } else {
-                column_max<true>(s, first, keys.end, sm, w, g, c);
-            }
-            mbar_arrive(sm.maxima_ready());
-            mbar_wait(sm.maxima_ready(), t & 1);
-            softmax_of(s, m, l, sc, sm, w, g, c);
-        }
-        __syncthreads();  // P^T and alpha of tile t are in shared memory
-
-        // 3. O^T = O^T alpha + V^T P^T.
-        const u32 alpha_at = opaque_u32(smem_addr(sm.alpha())) + 4 * (2 * c);  // heads 8 j + 2 c, 4 bytes a float
-        float al[16];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const f32x2 a = ld_shared_f32x2(alpha_at + 4 * 8 * j);
-            al[2 * j] = a.x;
-            al[2 * j + 1] = a.y;
-        }
-        bool moved = false;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) moved |= al[i] != 1.0f;
-        if (__any_sync(0xffffffffu, moved)) {  // most tiles keep every max
-#pragma unroll
-            for (int i = 0; i < MT; ++i) {
-#pragma unroll
-                for (int k = 0; k < 32; ++k) o[i][k] *= al[2 * (k / 4) + k % 2];
-            }
-        }
-#ifndef MLA_EXP_NO_PV
-        values(o, stage + 2 * c * ROW + wg * COLS + 64 * w + 8 * g,
-               opaque(QFP8 ? smem_desc64(pt_addr, 16, 512) : smem_desc(pt_addr, BN * 128, 1024)));
-#endif
-        // Tile t + STAGES's offsets go where tile t's were (issued STAGES - 1 tiles ago); the
-        // next iteration's barrier publishes them.
-        if (reads_ahead) sm.offsets(st)[lt] = key_offset<1>(p, ahead, next_block);
+    if (!QFP8) {
+        in_step_tiles(p, sm, req, keys, tiles, sc, o, m, l);
+    } else if (wg == 0) {
+        lead_tiles(p, sm, keys, tiles, sc, o, m, l, w, g, c);
+    } else {
+        lag_tiles(p, sm, req, keys, tiles, o, w, g, c);
     }
 
     // 4. The column sums over the lanes of a column (same c) and the four warps, the final
@@ -558,7 +735,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         if (g == 0) {
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                *(f32x2*)(sm.red() + w * M + 8 * j + 2 * c) = f32x2{l[2 * j], l[2 * j + 1]};
+                *(f32x2*)(sm.red(0) + w * M + 8 * j + 2 * c) = f32x2{l[2 * j], l[2 * j + 1]};
                 if (w == 0) *(f32x2*)(sm.maxima() + 8 * j + 2 * c) = f32x2{m[2 * j], m[2 * j + 1]};
             }
         }
@@ -572,7 +749,8 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         for (int b = 0; b < 2; ++b) {
             const int r = 8 * j + 2 * c + b, head = head0 + r;
             if (head >= p.heads) continue;
-            const float sum = sm.red()[r] + sm.red()[M + r] + sm.red()[2 * M + r] + sm.red()[3 * M + r];
+            const float* red = sm.red(0);
+            const float sum = red[r] + red[M + r] + red[2 * M + r] + red[3 * M + r];
             const float inv = sum > 0.0f ? v_scale / sum : 0.0f;
             float v[8];
 #pragma unroll

@@ -1,13 +1,14 @@
 //! The combine's launch shape (kernels/combine/kernel.cu): a CTA per query row, head block and
 //! group of 128-column slices; eight warps, W of them a head and 8 / W heads a CTA.
 //!
-//! A small batch's combine is memory latency: a warp reading its splits' partials 8 at a time
-//! over all 512 columns paid a round trip per 8 splits, so a row of 64 splits took 10 us on
-//! one warp a head (Nsight Compute, 1 x 16 x 8192 on the H200). Slices of 128 columns give a
-//! lane one float4 a split, so a warp reads 16 splits at once on few registers, and more warps
-//! a head read more splits at once. Where the batch already gives every SM several CTAs, one
-//! warp a head taking the slices in turn keeps the CTA count (and the per-CTA work of finding
-//! the row's largest LSE) down.
+//! A small batch's combine is latency: a warp reading its splits' partials 8 at a time over
+//! all 512 columns paid a round trip per 8 splits, so a row of 64 splits took 10 us on one
+//! warp a head (Nsight Compute, 1 x 16 x 8192 on the H200). Slices of 128 columns give a lane
+//! one float4 a split, so a warp reads 16 splits at once (staged in shared memory by
+//! cp.async, so that the kernel's code stays short: it runs once a CTA), and more warps a head
+//! read more splits at once. Where the batch already gives every SM several CTAs, one warp a
+//! head taking the slices in turn keeps the CTA count (and the per-CTA work of finding the
+//! row's largest LSE) down.
 
 /// Warps of a combine CTA (its `WARPS`; `Variant::threads` reports 32 x this).
 pub(crate) const WARPS: usize = 8;
@@ -27,7 +28,8 @@ pub(crate) struct CombineShape {
     pub grid: (u32, u32, u32),
     /// (32 x warps a head, heads a CTA).
     pub block: (u32, u32),
-    /// Bytes: the warps' partial sums where a head has more than one warp.
+    /// Bytes: the warps' staging rows (a float4 a lane and split of a batch), then the warps'
+    /// partial sums where a head has more than one warp.
     pub smem: u32,
 }
 
@@ -63,7 +65,10 @@ impl CombineShape {
         let want = target_warps.div_ceil(pairs * per_head).clamp(1, most);
         let slices = 1 << want.ilog2();
         let heads_per_cta = WARPS / per_head;
-        let smem = if per_head > 1 { WARPS * SLICE * 4 } else { 0 };
+        // The kernel's `rows_a_warp`: a batch's splits, or all of a warp's if fewer.
+        let staged = splits.map_or(BATCH, |s| s.div_ceil(per_head).clamp(1, BATCH));
+        let sums = if per_head > 1 { WARPS * SLICE * 4 } else { 0 };
+        let smem = WARPS * staged * 32 * 16 + sums;
         CombineShape {
             grid: (
                 rows as u32,
@@ -77,6 +82,9 @@ impl CombineShape {
 
     /// The most heads `configure` may accept: the grid's y at one warp a head.
     pub const MAX_HEADS: usize = MAX_GRID_YZ * WARPS;
+
+    /// The most shared memory a combine launch takes (the kernel's attribute is set to it).
+    pub const MAX_SMEM: usize = WARPS * BATCH * 32 * 16 + WARPS * SLICE * 4;
 }
 
 #[cfg(test)]
@@ -93,7 +101,10 @@ mod tests {
     fn small_batches_with_many_splits_get_more_warps_a_head() {
         // Batch 1, 16 heads, 64 splits: four warps of 16 splits a head, two heads a CTA.
         let s = CombineShape::new(1, 16, 512, Some(64), H200);
-        assert_eq!((s.grid, s.block, s.smem), ((1, 8, 4), (128, 2), 4096));
+        assert_eq!(
+            (s.grid, s.block, s.smem),
+            ((1, 8, 4), (128, 2), 65536 + 4096)
+        );
         // 43 splits: three warps would do; a power of two keeps the block whole.
         assert_eq!(
             warps_per_head(&CombineShape::new(1, 128, 512, Some(43), H200)),
@@ -101,7 +112,7 @@ mod tests {
         );
         // 8 splits: one warp a head reads them at once; no shared memory.
         let s = CombineShape::new(1, 16, 512, Some(8), H200);
-        assert_eq!((s.grid, s.block, s.smem), ((1, 2, 4), (32, 8), 0));
+        assert_eq!((s.grid, s.block, s.smem), ((1, 2, 4), (32, 8), 8 * 8 * 512));
         // Many rows fill the GPU with one warp a head.
         assert_eq!(
             warps_per_head(&CombineShape::new(64, 128, 512, Some(64), H200)),
@@ -136,7 +147,13 @@ mod tests {
                         assert!((y as usize - 1) * (ty as usize) < heads, "{what}");
                         assert!(y as usize <= MAX_GRID_YZ, "{what}");
                         assert!(z.is_power_of_two() && z as usize * SLICE <= l, "{what}");
-                        assert_eq!(s.smem > 0, tx > 32, "{what}");
+                        // Staging rows for every split a warp takes at once, and the
+                        // warps' sums when a head has several.
+                        let per_warp =
+                            splits.map_or(BATCH, |n| n.div_ceil(tx as usize / 32).min(BATCH));
+                        let sums = if tx > 32 { WARPS * SLICE * 4 } else { 0 };
+                        assert_eq!(s.smem as usize, WARPS * per_warp * 512 + sums, "{what}");
+                        assert!(s.smem as usize <= CombineShape::MAX_SMEM, "{what}");
                     }
                 }
             }

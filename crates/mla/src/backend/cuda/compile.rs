@@ -186,21 +186,31 @@ pub fn options(variant: &Variant, target: &Target) -> Vec<String> {
     options_with(variant, target, &extra)
 }
 
-/// The NVRTC options of a variant plus `extra` defines: all of them for the stage-1 kernels,
-/// only `-DMLA_EXP_STAMPS` for the combine (the stamps time a whole decode, common/ptx.cuh).
+/// The NVRTC options of a variant plus `extra` defines: `-DMLA_EXP_STAMPS` for every kernel
+/// of a decode (the stamps time a whole decode, common/ptx.cuh), the combine's own switches
+/// (`-DMLA_EXP_COMBINE...`) for the combine only, and the rest for the stage-1 kernels only (so
+/// that timing one kernel's switch does not recompile the other's).
 pub fn options_with(variant: &Variant, target: &Target, extra: &str) -> Vec<String> {
     let mut o = base_options(target);
     o.extend(variant.defines());
+    let combine_own = |d: &String| d.starts_with(COMBINE_SWITCHES);
     if variant.family.is_decode() {
-        o.extend(extra_defines(extra));
+        o.extend(extra_defines(extra).into_iter().filter(|d| !combine_own(d)));
     } else if variant.family == Family::Combine {
-        o.extend(extra_defines(extra).into_iter().filter(|d| d == STAMPS));
+        o.extend(
+            extra_defines(extra)
+                .into_iter()
+                .filter(|d| d == STAMPS || combine_own(d)),
+        );
     }
     o
 }
 
 /// The kernel-development define that makes a decode's kernels stamp their phases.
 const STAMPS: &str = "-DMLA_EXP_STAMPS";
+
+/// The prefix of the combine's own kernel-development switches (kernels/combine/kernel.cu).
+const COMBINE_SWITCHES: &str = "-DMLA_EXP_COMBINE";
 
 /// The `-DNAME` or `-DNAME=VALUE` words of `text`; anything else is ignored. For kernel
 /// development only: timing a stage-1 kernel with a part switched off (the switches are
@@ -273,7 +283,7 @@ mod tests {
     }
 
     #[test]
-    fn extra_defines_reach_the_stage_one_kernels_and_stamps_the_combine() {
+    fn extra_defines_reach_the_kernels_they_switch() {
         use crate::dtype::{KvFormat, ModelDtype};
         assert_eq!(
             extra_defines("-DMLA_EXP_NO_S  -DX=1 --use_fast_math -D -Dbad;rm"),
@@ -300,6 +310,13 @@ mod tests {
         let stamped = options_with(&combine, &target, "-DMLA_EXP_NO_PV -DMLA_EXP_STAMPS");
         assert!(stamped.contains(&STAMPS.to_string()));
         assert!(!stamped.contains(&"-DMLA_EXP_NO_PV".to_string()));
+        let own = "-DMLA_EXP_COMBINE=2 -DMLA_EXP_COMBINE_REPS=3";
+        let combine_opts = options_with(&combine, &target, own);
+        let decode_opts = options_with(&decode, &target, own);
+        for d in own.split_whitespace() {
+            assert!(combine_opts.contains(&d.to_string()), "{d}");
+            assert!(!decode_opts.contains(&d.to_string()), "{d}");
+        }
     }
 
     #[test]

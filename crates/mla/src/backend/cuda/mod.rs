@@ -30,7 +30,7 @@ use cudarc::nvrtc::Ptx;
 use self::combine::CombineShape;
 use self::compile::{Built, Target};
 use self::params::{DecodeParams, Pointers, TmaParams};
-use self::registry::Variant;
+use self::registry::{Family, Variant};
 use crate::args::{DecodeInputs, DecodeOutputs, Query};
 use crate::config::{DeviceInfo, ValidConfig};
 use crate::error::{Capability, Error, Result};
@@ -385,6 +385,13 @@ impl CudaBackend {
                 smem as i32,
             )
             .map_err(Error::driver("set the kernel's shared memory"))?;
+        } else if v.family == Family::Combine {
+            // Its staging rows take up to 68 KB (combine.rs), past the 48 KB default.
+            func.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                CombineShape::MAX_SMEM as i32,
+            )
+            .map_err(Error::driver("set the combine's shared memory"))?;
         }
         self.builds.push(built);
         Ok(func)

@@ -333,20 +333,27 @@ impl Variant {
                 return 1024 + 3 * t * d * 2 + t * t * 2 + 5 * t * 4 + (2 * (d / 64) + 5) * 8;
             }
             Family::DecodeWgmmaFp8 => {
-                // 1024 bytes of alignment slack, q (64 x D, 16-bit), P^T (64 x 64, 16-bit),
-                // the ring of raw tiles (64 keys of D codes, rows padded by 16 bytes), a tile
-                // of key offsets a stage, the four warps' column maxima, two rows of 64
-                // floats (the rescale factors, the final maxima) and an mbarrier.
+                // 1024 bytes of alignment slack, q (64 x D, 16-bit), P^T (64 x 64, 16-bit)
+                // a buffer, the ring of raw tiles (64 keys of D codes, rows padded by 16
+                // bytes), a tile of key offsets a stage, the four warps' column maxima and a
+                // row of 64 floats (the rescale factors) a buffer, a row of the final maxima,
+                // and the mbarriers. Buffers: one under a 16-bit query, two in the fp8-query
+                // mode (its lag schedule: 6 + 2 stages mbarriers, else one).
                 let t = WGMMA_TILE;
                 let d = self.kv_lora_rank + self.rope_dim;
+                let (bufs, bars) = if self.fp8_query {
+                    (2, 6 + 2 * self.stages)
+                } else {
+                    (1, 1)
+                };
                 return 1024
                     + t * d * 2
-                    + t * t * 2
+                    + bufs * t * t * 2
                     + self.stages * t * (d + 16)
                     + self.stages * t * 8
-                    + 4 * t * 4
-                    + 2 * t * 4
-                    + 8;
+                    + bufs * 4 * t * 4
+                    + (bufs + 1) * t * 4
+                    + 8 * bars;
             }
             Family::DecodeNarrow => {
                 // 1024 bytes of alignment slack, the ring of chunks (8 KB; fp8: 4 KB raw, and
