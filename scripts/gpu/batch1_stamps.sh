@@ -24,7 +24,7 @@ for c in "${cases[@]}"; do
   line="$b x $h x $ctx:"
   IFS=';' read -ra variants <<< "${MLA_B1_DEFINES:-; -DMLA_EXP_EMPTY}"
   for defs in "${variants[@]}"; do
-    defs=$(echo $defs)  # trimmed
+    read -r defs <<< "$defs"  # trimmed
     r=$(MLA_EXTRA_DEFINES=$defs timeout 60 gpu-bin/mla bench --backend cuda --batch "$b" --heads "$h" --ctx "$ctx" \
       --page 64 --iters 10 --json 2>/dev/null | tail -n 1)
     line="$line ${defs:-as built} $(echo "$r" | python3 -c 'import json, sys

@@ -76,18 +76,6 @@ __device__ __forceinline__ void add_scaled(f32x4& acc, float w, const f32x4& x) 
     acc.z = fmaf(w, x.z, acc.z);
     acc.w = fmaf(w, x.w, acc.w);
 }
-
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-    for (int d = 16; d > 0; d /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, d));
-    return x;
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-    for (int d = 16; d > 0; d /= 2) x += __shfl_xor_sync(0xffffffffu, x, d);
-    return x;
-}
 }  // namespace
 
 #if MLA_SCHED
@@ -130,6 +118,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mla_decode_combine(cons
     const int rows_a_warp = min(BATCH, (splits + W - 1) / W);
 #endif
     const int slot = threadIdx.y * W + w;  // this warp in the CTA
+    const auto split_at = [&](int s) { return first + (i64)s * step; };  // split s's workspace row
     const f32x4* rows = smem + slot * rows_a_warp * 32 + lane;  // this lane's staging: row b at rows[32 b]
     const u32 staging = smem_addr(rows);                            // row b: + 512 b bytes
     f32x4* partial = smem + WARPS * rows_a_warp * 32;  // [WARPS][SLICE / 4]: the warps' sums (W > 1)
@@ -138,17 +127,17 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mla_decode_combine(cons
     for (int rep = 0; rep < COMBINE_REPS; ++rep) {  // 1 unless MLA_EXP_COMBINE_REPS
         for (int slice = blockIdx.z; slice < L / SLICE; slice += gridDim.z) {
             const int col = SLICE * slice + 4 * lane;  // this lane's four columns
-            // 1. This warp's splits, BATCH at a time, merged online.
+            // 1. This warp's splits, rows_a_warp at a time, merged online.
             float m = NO_KEY_LSE, total = 0.0f;  // base 2
             f32x4 acc = {0.0f, 0.0f, 0.0f, 0.0f};
             for (int s0 = w; s0 < splits; s0 += BATCH * W) {
                 const int n = min(rows_a_warp, (splits - s0 + W - 1) / W);  // this batch's splits
 #pragma unroll 1
                 for (int b = 0; b < n; ++b) {
-                    cp_async16(staging + 512 * b, p.part_o + (first + (i64)(s0 + b * W) * step) * L + col, true);
+                    cp_async16(staging + 512 * b, p.part_o + split_at(s0 + b * W) * L + col, true);
                 }
                 cp_async_commit();
-                const float lse = lane < n ? p.part_lse[first + (i64)(s0 + lane * W) * step] * LOG2E : NO_KEY_LSE;
+                const float lse = lane < n ? p.part_lse[split_at(s0 + lane * W)] * LOG2E : NO_KEY_LSE;
                 const float top = fmaxf(m, warp_max(lse));
                 cp_async_wait_group<0>();  // this lane's rows (no other lane reads them)
                 if (top == NO_KEY_LSE) continue;  // no key in any split so far

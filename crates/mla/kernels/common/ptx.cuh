@@ -211,6 +211,17 @@ __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
+/// Max and sum over the 32 lanes of a warp.
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int d = 16; d > 0; d /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, d));
+    return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int d = 16; d > 0; d /= 2) x += __shfl_xor_sync(0xffffffffu, x, d);
+    return x;
+}
 
 /// Kernel development (MLA_EXP_STAMPS in MLA_EXTRA_DEFINES, never in a shipped build; results
 /// unchanged): thread 0 of a CTA stamps the SM clock at numbered points of its run (`mark`),

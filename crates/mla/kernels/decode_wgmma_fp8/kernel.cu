@@ -132,7 +132,7 @@ struct Smem {
     __device__ float* maxima() const { return alpha(BUFS); }
     // The mbarriers, a phase a tile of theirs (tile t: buffer b = t % BUFS, stage s = t %
     // STAGES), addressed from an opaque base: else the loops keep each one's address live.
-    __device__ u32 bar(int i) const { return (QFP8 ? opaque_u32(addr(maxima() + M)) : addr(maxima() + M)) + 8 * i; }
+    __device__ u32 bar(int i) const { return opaque_u32(addr(maxima() + M)) + 8 * i; }
     /// Warpgroup 0's column maxima of buffer b's tiles in red(b) (warpgroup 0's 128 arrivals).
     __device__ u32 maxima_ready(int b) const { return bar(b); }
     // The fp8-query mode's lag schedule only:
@@ -155,21 +155,23 @@ extern "C" __constant__ int mla_decode_smem_bytes =
 namespace {
 
 /// A tile of keys into stage `s`, row-major raw codes (ROW bytes a key), by WARPS warps from
-/// `first_warp` on (common/keys.cuh, copy_keys). Offsets < 0 zero-fill.
-template <int WARPS>
-__device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, const i64* offsets, int s,
-                                          int first_warp) {
-    const u32 stage = smem_addr(sm.stage(s));
-    copy_keys<BN, KEY_PIECES, WARPS>(p, [offsets](int j) { return offsets[j]; }, first_warp,
-                                     [stage](int j, int c) { return stage + j * ROW + c * 16; });
+/// `first_warp` on (common/keys.cuh, copy_keys; offset(j) < 0 zero-fills key j).
+template <int WARPS, typename Offset>
+__device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, Offset offset, int s, int first_warp) {
+    const u32 stage = sm.addr(sm.stage(s));
+    copy_keys<BN, KEY_PIECES, WARPS>(p, offset, first_warp, [stage](int j, int c) { return stage + j * ROW + c * 16; });
 }
 
-/// The lag schedule's tile loads: by warpgroup 1 (offset(j) < 0 zero-fills key j), whose
-/// threads then arrive on the stage's `landed` mbarrier as their copies land.
+/// The in-step loop's: key j's offset from the stage's tile of offsets.
+__device__ __forceinline__ auto from_table(const i64* offsets) {
+    return [offsets](int j) { return offsets[j]; };
+}
+
+/// The lag schedule's tile loads: by warpgroup 1, whose threads then arrive on the stage's
+/// `landed` mbarrier as their copies land.
 template <typename Offset>
 __device__ __forceinline__ void load_tile_counted(const DecodeParams& p, const Smem& sm, Offset offset, int s) {
-    const u32 stage = sm.addr(sm.stage(s));
-    copy_keys<BN, KEY_PIECES, 4>(p, offset, 4, [stage](int j, int c) { return stage + j * ROW + c * 16; });
+    load_tile<4>(p, sm, offset, s, 4);
     cp_async_arrive_on(sm.landed(s));
 }
 
@@ -513,7 +515,7 @@ __device__ __forceinline__ void in_step_tiles(const DecodeParams& p, const Smem&
     const int wg = warp / 4, w = warp % 4;  // warpgroup, warp within it
     const int g = lane / 4, c = lane % 4;
     const u64 qd = smem_desc(smem_addr(sm.q()), 16, 1024);
-    const u32 pt_addr = smem_addr(sm.pt(0));
+    const u32 pt_addr = smem_addr(sm.pt(0));  // hoisted, as before the lag schedule (pt_desc in the loop moves the code)
 
     for (int t = 0; t < tiles; ++t) {
         const int first = keys.start + t * BN;
@@ -526,7 +528,7 @@ __device__ __forceinline__ void in_step_tiles(const DecodeParams& p, const Smem&
         const bool reads_ahead = lt >= 0 && lt < BN;  // a key of tile t + STAGES's each
         const int ahead = first + STAGES * BN + lt;
         if (wg == 1 && t + STAGES - 1 < tiles) {
-            load_tile<4>(p, sm, sm.offsets((t + STAGES - 1) % STAGES), (t + STAGES - 1) % STAGES, 4);
+            load_tile<4>(p, sm, from_table(sm.offsets((t + STAGES - 1) % STAGES)), (t + STAGES - 1) % STAGES, 4);
         }
         cp_async_commit();
         const u32 stage = smem_addr(sm.stage(st));
@@ -678,16 +680,13 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     __syncthreads();  // the offsets, the mbarriers
     if (QFP8) {  // the lag schedule: warpgroup 1 issues every tile, the whole ring now
         if (wg == 1) {
-            for (int t = 0; t < STAGES && t < tiles; ++t) {
-                const i64* offsets = sm.offsets(t);
-                load_tile_counted(p, sm, [offsets](int j) { return offsets[j]; }, t);
-            }
+            for (int t = 0; t < STAGES && t < tiles; ++t) load_tile_counted(p, sm, from_table(sm.offsets(t)), t);
         }
         cp_async_commit();
     } else {
 #pragma unroll
         for (int t = 0; t < STAGES - 1; ++t) {
-            if (t < tiles) load_tile<THREADS / 32>(p, sm, sm.offsets(t), t, 0);
+            if (t < tiles) load_tile<THREADS / 32>(p, sm, from_table(sm.offsets(t)), t, 0);
             cp_async_commit();
         }
     }
