@@ -1,13 +1,13 @@
 """Prints the table of `scripts/gpu/run.sh compare`: one line per kernel and case.
 
-Reads lines "KERNEL B H CTX KV JSON" (the JSON is `mla bench --json`'s last line) from the
-file named as the first argument.
+Reads lines "LABEL [words] JSON" (the JSON, from the first "{" on, is `mla bench --json`'s
+last line) from the file named as the first argument.
 """
 import json
 import sys
 
 for line in open(sys.argv[1]):
-    kernel, *_, text = line.split(" ", 5)
+    kernel, text = line.split(" ", 1)[0], line[line.find("{") :]
     try:
         r = json.loads(text)
     except ValueError:

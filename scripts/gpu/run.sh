@@ -271,16 +271,19 @@ fi
 if has sweep; then
   # Split counts against the fill rule's choice (`mla bench --splits`), on the small batches
   # the rule decides: what a retuned rule (or the GPU scheduler) could gain. MLA_SWEEP_CASES
-  # ("b h ctx kv; ..."), MLA_SWEEP_SPLITS replace the defaults.
+  # ("b h ctx kv [more bench arguments, e.g. --varlen]; ..."), MLA_SWEEP_SPLITS replace the
+  # defaults; MLA_SWEEP_SCHEDULE=1 adds a row on the device-computed schedule (--schedule).
   default_cases="1 128 8192 bf16; 1 128 1024 bf16; 1 16 8192 bf16; 8 128 4096 bf16; 4 16 32768 bf16"
   IFS=';' read -r -a sweep_cases <<< "${MLA_SWEEP_CASES:-$default_cases}"
   for case in "${sweep_cases[@]}"; do
-    read -r b h c kv <<< "$case"
-    bench_row "rule $b $h $c $kv" "" "" sweep --batch "$b" --heads "$h" --ctx "$c" --kv-dtype "$kv"
+    read -r b h c kv extra <<< "$case"
+    # shellcheck disable=SC2086  # extra is a list of arguments
+    set -- --batch "$b" --heads "$h" --ctx "$c" --kv-dtype "$kv" $extra
+    bench_row "rule $case" "" "" sweep "$@"
     for n in ${MLA_SWEEP_SPLITS:-8 16 32 48 64 96 128}; do
-      bench_row "splits=$n $b $h $c $kv" "" "" sweep --batch "$b" --heads "$h" --ctx "$c" \
-        --kv-dtype "$kv" --splits "$n"
+      bench_row "splits=$n $case" "" "" sweep "$@" --splits "$n"
     done
+    [ "${MLA_SWEEP_SCHEDULE:-0}" = 1 ] && bench_row "schedule $case" "" "" sweep "$@" --schedule
   done
   python3 scripts/gpu/compare_table.py "$out/sweep.txt"
 fi

@@ -34,7 +34,7 @@ pub fn run(args: &InfoArgs) -> Result<(), mla::Error> {
         dec.device()
     );
     println!(
-        "num_kv_splits ({:?}, {units} SMs or threads):",
+        "num_kv_splits ({:?}, {units} SMs or threads; pages of 64 keys):",
         dec.config().split_rule
     );
     let row = |f: &dyn Fn(usize) -> usize| {
@@ -47,7 +47,7 @@ pub fn run(args: &InfoArgs) -> Result<(), mla::Error> {
     for rows in [1, 8, 64] {
         println!(
             "  {rows:>3} rows   {}",
-            row(&|l| dec.num_kv_splits(l, rows, 1))
+            row(&|l| dec.num_kv_splits(l, rows, 1, 64))
         );
     }
     Ok(())

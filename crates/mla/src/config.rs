@@ -227,6 +227,7 @@ impl MlaConfig {
                 wgmma: false,
                 narrow: false,
                 decode_tile: crate::plan::splits::TILE,
+                seesaw_keys: None,
             },
         };
         Ok(ValidConfig {
@@ -407,11 +408,16 @@ impl ValidConfig {
         asked && matches!(self.split_rule, SplitRule::Fill { .. })
     }
 
-    /// Splits per row for `rows` query rows whose longest length is `max_seq` (1 in
-    /// batch-invariant mode, whose rule is [`SplitRule::Single`]).
-    pub fn splits(&self, max_seq: usize, rows: usize, query_len: usize) -> usize {
-        self.split_rule
-            .splits(self.span(max_seq), rows, query_len, self.q_heads)
+    /// Splits per row for `rows` query rows whose longest length is `max_seq`, over a cache
+    /// of pages of `page_size` keys (1 in batch-invariant mode, whose rule is
+    /// [`SplitRule::Single`]).
+    pub fn splits(&self, max_seq: usize, rows: usize, query_len: usize, page_size: usize) -> usize {
+        self.split_rule.for_pages(page_size).splits(
+            self.span(max_seq),
+            rows,
+            query_len,
+            self.q_heads,
+        )
     }
 }
 
@@ -594,7 +600,7 @@ mod tests {
             c.num_kv_splits = Some(7);
             let v = c.validate(&device).unwrap();
             assert_eq!(v.split_rule, SplitRule::Fixed { splits: 7 });
-            assert_eq!(v.splits(100_000, 3, 1), 7);
+            assert_eq!(v.splits(100_000, 3, 1, 64), 7);
         }
         // One split is batch-invariant mode's own count.
         let mut c = cfg();

@@ -61,7 +61,7 @@ impl MlaDecode {
         let (mut backend, info) = Backend::open(device)?;
         let mut config = config.validate(&info)?;
         backend.configure(&config)?;
-        config.split_rule = backend.split_rule(config.split_rule);
+        config.split_rule = backend.split_rule(config.split_rule, config.q_heads);
         config.schedule = backend.schedules();
         Ok(MlaDecode {
             config,
@@ -160,10 +160,16 @@ impl MlaDecode {
     }
 
     /// The split count a batch of `rows` query rows (`query_len` a request) whose longest
-    /// length is `max_kv_len` gets (vLLM's rule on the CPU, the fill rule on a GPU; clamped
-    /// to the window; 1 in batch-invariant mode).
-    pub fn num_kv_splits(&self, max_kv_len: usize, rows: usize, query_len: usize) -> usize {
-        self.config.splits(max_kv_len, rows, query_len)
+    /// length is `max_kv_len` gets over a cache of pages of `page_size` keys (vLLM's rule on
+    /// the CPU, the fill rule on a GPU; clamped to the window; 1 in batch-invariant mode).
+    pub fn num_kv_splits(
+        &self,
+        max_kv_len: usize,
+        rows: usize,
+        query_len: usize,
+        page_size: usize,
+    ) -> usize {
+        self.config.splits(max_kv_len, rows, query_len, page_size)
     }
 
     /// Reserves the workspace for the worst case: `max_rows` query rows (max sequences times

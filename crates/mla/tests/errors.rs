@@ -583,7 +583,7 @@ fn warmup_needs_a_reservation_and_the_configured_cache() {
     );
     dec.reserve_workspace(8, 1 << 17).unwrap();
     let set = dec.register_decode_warmup(&kv, CacheDtype::Bf16).unwrap();
-    let max = dec.num_kv_splits(1 << 17, 1, 1);
+    let max = dec.num_kv_splits(1 << 17, 1, 1, kv.shape()[1]);
     assert_eq!(set.last(), Some(&max));
     assert_eq!(set[0], 1);
     let e = dec

@@ -105,13 +105,16 @@ impl Backend {
         }
     }
 
-    /// `rule` as it models the kernels `configure` chose (the CUDA backend's token-packing
-    /// kernels; the CPU has none).
-    pub(crate) fn split_rule(&self, rule: SplitRule) -> SplitRule {
+    /// `rule` as it models the kernels `configure` chose for `heads` heads (the CUDA
+    /// backend's token-packing and seesaw kernels; the CPU has none).
+    pub(crate) fn split_rule(&self, rule: SplitRule, heads: usize) -> SplitRule {
         match self {
-            Backend::Cpu(_) => rule,
+            Backend::Cpu(_) => {
+                let _ = heads;
+                rule
+            }
             #[cfg(feature = "cuda")]
-            Backend::Cuda(b) => b.split_rule(rule),
+            Backend::Cuda(b) => b.split_rule(rule, heads),
         }
     }
 

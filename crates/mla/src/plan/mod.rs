@@ -321,7 +321,7 @@ impl DecodePlan {
                     "a decode with seq_lens on the device and no max_seq_len",
                 ))?;
 
-        let num_kv_splits = cfg.splits(max_seq, rows, inputs.query_len);
+        let num_kv_splits = cfg.splits(max_seq, rows, inputs.query_len, page_size);
         let (workspace, mut workspace_bytes) = decode_workspace(rows, h, num_kv_splits, l)?;
         let schedule_workspace = if cfg.schedules() {
             let (views, bytes) = scheduled_workspace(rows, h, l, cfg.sm_count)?;

@@ -95,6 +95,11 @@ pub enum SplitRule {
         /// Keys per tile of the kernel of the decodes that neither packs (the backend's
         /// single-token kernel): [`TILE`] for the mma kernel, [`WGMMA_TILE_KEYS`] for wgmma.
         decode_tile: usize,
+        /// The fewest keys a split must hold for the seesaw kernel (sm_90a, one CTA an SM,
+        /// 64-key tiles) to take the single-token decodes instead of the decode kernel; None
+        /// where the decoder has no seesaw kernel or the pages are ones it cannot tile
+        /// ([`SplitRule::for_pages`]).
+        seesaw_keys: Option<usize>,
     },
     /// One split per row: batch-invariant mode (a row's result never depends on the batch).
     Single,
@@ -109,8 +114,15 @@ pub enum SplitRule {
 impl SplitRule {
     /// The fill rule modelling the kernels a backend chose (`wgmma`: the wgmma kernel's
     /// packed variant, `narrow`: the narrow kernel, `decode_tile`: the keys a tile of the
-    /// kernel of the other decodes); other rules as they are.
-    pub fn with_kernels(self, wgmma: bool, narrow: bool, decode_tile: usize) -> SplitRule {
+    /// kernel of the other decodes, `seesaw_keys`: the fewest keys a split needs for the
+    /// seesaw kernel to take them instead); other rules as they are.
+    pub fn with_kernels(
+        self,
+        wgmma: bool,
+        narrow: bool,
+        decode_tile: usize,
+        seesaw_keys: Option<usize>,
+    ) -> SplitRule {
         match self {
             SplitRule::Fill {
                 sm_count,
@@ -124,7 +136,42 @@ impl SplitRule {
                 wgmma,
                 narrow,
                 decode_tile,
+                seesaw_keys,
             },
+            other => other,
+        }
+    }
+
+    /// The rule for a cache of pages of `page_size` keys: the TMA kernels (narrow, seesaw)
+    /// run only on pages they tile ([`tma_pages`]), so on others the fill rule models the
+    /// kernels that run instead.
+    pub fn for_pages(self, page_size: usize) -> SplitRule {
+        if tma_pages(page_size) {
+            self
+        } else {
+            self.without_tma()
+        }
+    }
+
+    /// The fill rule without the seesaw kernel; other rules as they are.
+    fn without_seesaw(self) -> SplitRule {
+        match self {
+            SplitRule::Fill {
+                wgmma,
+                narrow,
+                decode_tile,
+                ..
+            } => self.with_kernels(wgmma, narrow, decode_tile, None),
+            other => other,
+        }
+    }
+
+    /// The fill rule without the TMA kernels (narrow, seesaw); other rules as they are.
+    fn without_tma(self) -> SplitRule {
+        match self {
+            SplitRule::Fill {
+                wgmma, decode_tile, ..
+            } => self.with_kernels(wgmma, false, decode_tile, None),
             other => other,
         }
     }
@@ -136,11 +183,24 @@ impl SplitRule {
             SplitRule::Single => 1,
             SplitRule::Fixed { splits } => splits,
             SplitRule::Vllm { sm_count } => num_kv_splits(max_kv_len, sm_count),
-            SplitRule::Fill { max_splits, .. } => {
+            SplitRule::Fill {
+                max_splits,
+                seesaw_keys,
+                ..
+            } => {
                 // A split keeps at least MIN_TILES tiles to amortize its fixed costs.
-                let most = max_kv_len
+                let mut most = max_kv_len
                     .div_ceil(TILE * MIN_TILES)
                     .clamp(1, max_splits.max(1));
+                // The seesaw kernel only ever takes fewer, longer splits than the rule
+                // without it picks: so the count stays under that rule's, which grows with
+                // the length, and a workspace reserved by it holds every batch.
+                if seesaw_keys.is_some() {
+                    most = most.min(
+                        self.without_seesaw()
+                            .splits(max_kv_len, rows, query_len, heads),
+                    );
+                }
                 // The cheapest count (each cost computed once: this runs on every decode);
                 // ties go to fewer splits.
                 (1..=most)
@@ -154,9 +214,15 @@ impl SplitRule {
     /// The fill rule's estimate, in units of one CTA's time for one tile of keys, of a batch
     /// cut into `splits` splits:
     /// - stage 1 runs in waves of `slots` CTAs (one or two per SM, by kernel), each CTA
-    ///   taking 2 units of fixed cost (q, epilogue) plus one per tile; a CTA takes up to 64
-    ///   heads of one query token, or on sm_90a the packed tokens of a few-head request
-    ///   ([`SplitRule::ctas_per_split`]);
+    ///   taking 2 units of fixed cost (q, epilogue) plus one per tile of 32 keys; a CTA
+    ///   takes up to 64 heads of one query token, or on sm_90a the packed tokens of a
+    ///   few-head request ([`SplitRule::ctas_per_split`]);
+    /// - an SM moves keys at the same rate whichever of the decode kernel and the seesaw
+    ///   kernel runs: at 16 heads (memory-bound) the seesaw's one CTA an SM takes a unit
+    ///   for 64 keys where each of the mma kernel's two takes one for 32. Its grid is what
+    ///   differs: half the CTAs in a wave (128 x 16 x 2048 keys: one seesaw split 87.4 us,
+    ///   two mma splits 95.2; 64 x 16 x 8192: two seesaw splits 166.6 us, four 173.3; H200,
+    ///   BENCHMARKS.md, eighteenth session);
     /// - the combine, when there are splits, costs a unit, a unit per 32 splits (its warps
     ///   read a row's splits side by side, 16 each at once), and the f32 partials it moves
     ///   (written and read) at the rate a wave moves key tiles (`slots` x 36 KB a unit).
@@ -183,14 +249,16 @@ impl SplitRule {
         else {
             return 0.0;
         };
-        let (per_split, per_sm) = self.ctas_per_split(rows, query_len, heads);
+        let split_keys = max_kv_len.div_ceil(splits.max(1));
+        let kernel = self.kernel(split_keys, query_len, heads);
+        let (per_split, per_sm) = self.ctas_per_split(split_keys, rows, query_len, heads);
         let slots = (per_sm * sm_count).max(1);
         let ctas = per_split.max(1) * splits;
         let waves = ctas.div_ceil(slots) as f64;
         // A CTA's tiles start at its split's first key: a split of 222 keys takes four
         // 64-key tiles, as one of 256 does.
-        let tile = self.tile_keys(query_len, heads);
-        let tiles = (max_kv_len.div_ceil(splits).div_ceil(tile) * (tile / TILE)) as f64;
+        let tile = kernel.tile_keys(self);
+        let tiles = (split_keys.div_ceil(tile) * tile) as f64 / kernel.unit_keys(heads) as f64;
         let stage1 = waves * (2.0 + tiles);
         let combine = if splits > 1 {
             // A launch, the splits' partials read side by side, the bytes.
@@ -202,42 +270,53 @@ impl SplitRule {
         stage1 + combine
     }
 
-    /// Keys per tile of the kernel a split runs on: 64 for packed tokens (the wgmma and the
-    /// narrow kernel), else the backend's decode kernel's.
-    fn tile_keys(self, query_len: usize, heads: usize) -> usize {
+    /// The kernel that takes a decode whose splits hold `split_keys` keys, as the backend
+    /// picks it (`backend::cuda::registry::Stage1::launch`): the packed wgmma kernel, the
+    /// narrow kernel, the seesaw kernel on long enough splits, else the decode kernel.
+    fn kernel(self, split_keys: usize, query_len: usize, heads: usize) -> Modelled {
         let SplitRule::Fill {
             wgmma,
             narrow,
-            decode_tile,
+            seesaw_keys,
             ..
         } = self
         else {
-            return TILE;
+            return Modelled::Decode;
         };
-        let packs = (wgmma && packing(heads, query_len).is_some())
-            || (narrow && narrow_tokens(heads, query_len).is_some());
-        if packs { WGMMA_TILE_KEYS } else { decode_tile }
-    }
-
-    /// The CTAs a split of the batch takes, and how many of them an SM runs at once: the
-    /// kernels' grids (`backend::cuda`). One query token and up to 64 heads a CTA (two CTAs
-    /// an SM for up to 16 heads: the mma kernel), except on sm_90a where a few-head request's
-    /// tokens share a CTA: the wgmma kernel's when their rows reach [`WGMMA_MIN_ROWS`], else
-    /// the narrow kernel's (one CTA an SM each).
-    pub fn ctas_per_split(self, rows: usize, query_len: usize, heads: usize) -> (usize, usize) {
-        let (wgmma, narrow) = match self {
-            SplitRule::Fill { wgmma, narrow, .. } => (wgmma, narrow),
-            _ => (false, false),
-        };
-        let requests = rows.div_ceil(query_len.max(1));
         if wgmma && let Some(tokens) = packing(heads, query_len) {
-            return (requests * query_len.div_ceil(tokens), 1);
+            return Modelled::Packed(tokens);
         }
         if narrow && let Some(tokens) = narrow_tokens(heads, query_len) {
-            return (requests * query_len.div_ceil(tokens), 1);
+            return Modelled::Narrow(tokens);
         }
-        let per_sm = if heads <= 16 { 2 } else { 1 };
-        (rows * heads.div_ceil(64).max(1), per_sm)
+        if seesaw_keys.is_some_and(|keys| split_keys >= keys) {
+            return Modelled::Seesaw;
+        }
+        Modelled::Decode
+    }
+
+    /// The CTAs a split (of `split_keys` keys) of the batch takes, and how many of them an SM
+    /// runs at once: the kernels' grids (`backend::cuda`). One query token and up to 64
+    /// heads a CTA (two CTAs an SM for up to 16 heads: the mma kernel; one: the seesaw
+    /// kernel), except on sm_90a where a few-head request's tokens share a CTA: the wgmma
+    /// kernel's when their rows reach [`WGMMA_MIN_ROWS`], else the narrow kernel's (one CTA
+    /// an SM each).
+    pub fn ctas_per_split(
+        self,
+        split_keys: usize,
+        rows: usize,
+        query_len: usize,
+        heads: usize,
+    ) -> (usize, usize) {
+        let requests = rows.div_ceil(query_len.max(1));
+        let per_token = rows * heads.div_ceil(64).max(1);
+        match self.kernel(split_keys, query_len, heads) {
+            Modelled::Packed(tokens) | Modelled::Narrow(tokens) => {
+                (requests * query_len.div_ceil(tokens), 1)
+            }
+            Modelled::Seesaw => (per_token, 1),
+            Modelled::Decode => (per_token, decode_per_sm(heads)),
+        }
     }
 
     /// The most `rows x splits` any batch of at most `max_rows` rows over at most
@@ -250,22 +329,66 @@ impl SplitRule {
             // The count is not monotone in rows, and packed tokens make fewer CTAs than
             // rows: try every batch size, and where tokens pack, every query length that
             // divides it (cheap next to a reservation, which happens once).
+            // Pages the TMA kernels cannot tile take the rule without them
+            // (`for_pages`); the seesaw kernel never raises a count (`splits`).
             SplitRule::Fill { wgmma, narrow, .. } => {
                 // Tokens pack when two fit next to the heads (at most 32 heads).
                 let packs = (wgmma || narrow) && 2 * heads <= WGMMA_ROWS;
+                let rules = [self.without_seesaw(), self.without_tma()];
                 (1..=max_rows)
                     .flat_map(|r| {
                         let top = if packs { r.isqrt() } else { 1 };
                         (1..=top)
                             .filter(move |d| r.is_multiple_of(*d))
                             .flat_map(move |d| [d, r / d])
-                            .map(move |q| r * self.splits(max_kv_len, r, q, heads))
+                            .flat_map(move |q| {
+                                rules.map(|rule| r * rule.splits(max_kv_len, r, q, heads))
+                            })
                     })
                     .max()
                     .unwrap_or(0)
             }
         }
     }
+}
+
+/// The kernel the fill rule models a decode on ([`SplitRule::fill_cost`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Modelled {
+    /// The wgmma kernel's packed variant, this many tokens a CTA.
+    Packed(usize),
+    /// The narrow kernel, this many tokens a CTA.
+    Narrow(usize),
+    /// The seesaw kernel (sm_90a), one token a CTA.
+    Seesaw,
+    /// The backend's decode kernel (mma, wgmma), one token a CTA.
+    Decode,
+}
+
+impl Modelled {
+    /// Keys per tile: a split rounds up to whole tiles.
+    fn tile_keys(self, rule: SplitRule) -> usize {
+        match (self, rule) {
+            (Modelled::Decode, SplitRule::Fill { decode_tile, .. }) => decode_tile,
+            (Modelled::Decode, _) => TILE,
+            _ => WGMMA_TILE_KEYS,
+        }
+    }
+
+    /// Keys a CTA moves in a unit of the cost model: [`TILE`], but the seesaw kernel's
+    /// one CTA an SM moves what the decode kernel's CTAs on that SM move together.
+    fn unit_keys(self, heads: usize) -> usize {
+        match self {
+            Modelled::Seesaw => TILE * decode_per_sm(heads),
+            _ => TILE,
+        }
+    }
+}
+
+/// CTAs an SM runs at once of the decode kernel of `heads` heads: two mma CTAs up to 16
+/// heads, else one.
+fn decode_per_sm(heads: usize) -> usize {
+    if heads <= 16 { 2 } else { 1 }
 }
 
 impl SplitRule {
@@ -280,9 +403,12 @@ impl SplitRule {
             SplitRule::Vllm { sm_count } => warmup_split_counts(max_span, sm_count, false),
             SplitRule::Fill { .. } => {
                 // The most splits come with the fewest CTAs: one request (its tokens packed
-                // into one CTA on sm_90a).
+                // into one CTA on sm_90a), on pages the TMA kernels tile or not.
                 let most = (1..=WGMMA_ROWS / heads.clamp(1, WGMMA_ROWS))
-                    .map(|q| self.splits(max_span, q, q, heads))
+                    .flat_map(|q| {
+                        [self.without_seesaw(), self.without_tma()]
+                            .map(|rule| rule.splits(max_span, q, q, heads))
+                    })
                     .max()
                     .unwrap_or(1);
                 (1..=most).collect()
@@ -339,6 +465,7 @@ mod tests {
             wgmma,
             narrow,
             decode_tile: TILE,
+            seesaw_keys: None,
         }
     }
 
@@ -367,7 +494,7 @@ mod tests {
         // On Hopper 128 heads run the wgmma kernel's 64-key tiles, which start at a split's
         // first key: 37 splits of 222 keys take as many tiles as 32 of 256 (measured on the
         // H200: 27.2 us against 25.3), 43 of 191 one fewer.
-        let hopper = |decode_tile| h200(false, false).with_kernels(true, true, decode_tile);
+        let hopper = |decode_tile| h200(false, false).with_kernels(true, true, decode_tile, None);
         assert_eq!(hopper(WGMMA_TILE_KEYS).splits(8192, 1, 1, 128), 43);
         assert_eq!(hopper(TILE).splits(8192, 1, 1, 16), 64);
         let vllm = SplitRule::Vllm { sm_count: 132 };
@@ -380,14 +507,14 @@ mod tests {
         // 64 requests x 4 tokens x 16 heads: 64 CTAs a split packed (one per request, 64
         // rows each), 256 of 16 rows otherwise.
         // (CTAs, CTAs an SM runs at once.)
-        assert_eq!(rule(true).ctas_per_split(256, 4, 16), (64, 1));
-        assert_eq!(rule(false).ctas_per_split(256, 4, 16), (256, 2));
+        assert_eq!(rule(true).ctas_per_split(0, 256, 4, 16), (64, 1));
+        assert_eq!(rule(false).ctas_per_split(0, 256, 4, 16), (256, 2));
         // 8 heads x 2 tokens is 16 rows: the mma kernel's, one token a CTA, two an SM.
-        assert_eq!(rule(true).ctas_per_split(8, 2, 8), (8, 2));
+        assert_eq!(rule(true).ctas_per_split(0, 8, 2, 8), (8, 2));
         // 20 heads x 3 tokens: 60 rows; 7 tokens make 3 CTAs a request.
-        assert_eq!(rule(true).ctas_per_split(14, 7, 20), (6, 1));
+        assert_eq!(rule(true).ctas_per_split(0, 14, 7, 20), (6, 1));
         // 128 heads: two CTAs a row, whatever the tokens.
-        assert_eq!(rule(true).ctas_per_split(8, 4, 128), (16, 1));
+        assert_eq!(rule(true).ctas_per_split(0, 8, 4, 128), (16, 1));
         // A split count that fills the GPU: packed requests get more splits than one CTA
         // each (64 of 132 SMs busy).
         let packed = rule(true).splits(8192, 256, 4, 16);
@@ -429,25 +556,80 @@ mod tests {
         }
         // One CTA a request (one per SM) where it runs, else the mma kernel's CTA per token.
         let rule = |narrow| h200(true, narrow);
-        assert_eq!(rule(true).ctas_per_split(128, 2, 8), (64, 1));
-        assert_eq!(rule(false).ctas_per_split(128, 2, 8), (128, 2));
-        assert_eq!(rule(true).ctas_per_split(64, 1, 16), (64, 2));
+        assert_eq!(rule(true).ctas_per_split(0, 128, 2, 8), (64, 1));
+        assert_eq!(rule(false).ctas_per_split(0, 128, 2, 8), (128, 2));
+        assert_eq!(rule(true).ctas_per_split(0, 64, 1, 16), (64, 2));
     }
 
     #[test]
     fn a_backend_tells_the_fill_rule_which_packing_kernels_it_runs() {
         let fill = h200(false, false);
-        let hopper = fill.with_kernels(true, true, TILE);
+        let hopper = fill.with_kernels(true, true, TILE, None);
         assert_eq!(hopper, h200(true, true));
         // 8 heads x 2 tokens: one narrow CTA a request on Hopper, a CTA a token otherwise.
-        assert_eq!(hopper.ctas_per_split(128, 2, 8), (64, 1));
-        assert_eq!(fill.ctas_per_split(128, 2, 8), (128, 2));
+        assert_eq!(hopper.ctas_per_split(0, 128, 2, 8), (64, 1));
+        assert_eq!(fill.ctas_per_split(0, 128, 2, 8), (128, 2));
         for other in [
             SplitRule::Single,
             SplitRule::Vllm { sm_count: 8 },
             SplitRule::Fixed { splits: 3 },
         ] {
-            assert_eq!(other.with_kernels(true, true, WGMMA_TILE_KEYS), other);
+            assert_eq!(
+                other.with_kernels(true, true, WGMMA_TILE_KEYS, Some(512)),
+                other
+            );
+        }
+    }
+
+    #[test]
+    fn the_seesaw_kernel_takes_fewer_longer_splits_where_it_runs() {
+        // 16 heads on Hopper: the seesaw kernel takes splits of 2048 keys or more, one CTA an
+        // SM; the mma kernel shorter ones, two an SM.
+        let plain = h200(true, true);
+        let seesaw = plain.with_kernels(true, true, TILE, Some(2048));
+        // (len, rows) -> splits without and with it. Measured on the H200 (BENCHMARKS.md,
+        // eighteenth session): 64 x 8192 keys 166.6 us on 2 seesaw splits, 173.3 on 4;
+        // 128 x 2048 keys 87.4 us on 1, 95.2 on 2 mma splits.
+        for ((len, rows), want) in [
+            ((8192, 64), (4, 2)),
+            ((2048, 128), (2, 1)),
+            ((2047, 128), (2, 2)),
+            ((4096, 32), (8, 8)),
+            ((8192, 1), (64, 64)),
+            ((32768, 4), (64, 64)),
+        ] {
+            let got = (
+                plain.splits(len, rows, 1, 16),
+                seesaw.splits(len, rows, 1, 16),
+            );
+            assert_eq!(got, want, "{rows} rows of {len} keys");
+        }
+        // The CTAs a split takes follow the kernel its length picks.
+        assert_eq!(seesaw.ctas_per_split(2048, 64, 1, 16), (64, 1));
+        assert_eq!(seesaw.ctas_per_split(2047, 64, 1, 16), (64, 2));
+        // Pages the TMA kernels cannot tile run the mma kernel: the rule without them.
+        assert_eq!(seesaw.for_pages(64), seesaw);
+        assert_eq!(seesaw.for_pages(1), h200(true, false));
+        assert_eq!(seesaw.for_pages(1).splits(2048, 128, 1, 16), 2);
+        // Above 16 heads the seesaw kernel replaces the wgmma kernel, one CTA an SM and
+        // 64-key tiles both: the model, and so the count, is the wgmma kernel's.
+        let wgmma = plain.with_kernels(true, true, WGMMA_TILE_KEYS, None);
+        let with = wgmma.with_kernels(true, true, WGMMA_TILE_KEYS, Some(512));
+        for (len, rows) in [(8192, 64), (4096, 32), (8192, 1), (2048, 128), (700, 3)] {
+            assert_eq!(
+                with.splits(len, rows, 1, 128),
+                wgmma.splits(len, rows, 1, 128)
+            );
+        }
+        // It never raises a count, at any length: so a reservation at the longest length
+        // holds the shorter ones.
+        for rows in [1, 2, 5, 16, 33, 64, 100, 128, 256] {
+            for len in (0..20_000).step_by(61) {
+                assert!(
+                    seesaw.splits(len, rows, 1, 16) <= plain.splits(len, rows, 1, 16),
+                    "{rows} rows of {len} keys"
+                );
+            }
         }
     }
 
@@ -456,6 +638,7 @@ mod tests {
         for rule in [
             h200(false, false),
             h200(true, true),
+            h200(true, true).with_kernels(true, true, TILE, Some(2048)),
             SplitRule::Vllm { sm_count: 132 },
         ] {
             for (max_rows, max_len, heads) in [
@@ -468,10 +651,13 @@ mod tests {
                 for rows in 1..=max_rows {
                     for q in (1..=8).filter(|q| rows % q == 0) {
                         for len in [0, 1, max_len / 3, max_len] {
-                            assert!(
-                                rows * rule.splits(len, rows, q, heads) <= reserved,
-                                "{rule:?} {rows} rows of {q} tokens, {len} keys"
-                            );
+                            for page in [1, 64] {
+                                let rule = rule.for_pages(page);
+                                assert!(
+                                    rows * rule.splits(len, rows, q, heads) <= reserved,
+                                    "{rule:?} {rows} rows of {q} tokens, {len} keys"
+                                );
+                            }
                         }
                     }
                 }

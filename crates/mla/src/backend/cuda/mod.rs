@@ -270,15 +270,17 @@ impl CudaBackend {
         self.scheduled_decodes
     }
 
-    /// `rule` modelling the kernels `configure` chose: the token-packing ones (the wgmma
-    /// kernel's packed variant, the narrow kernel) where this decoder has them, and the tile
-    /// of the kernel of its other decodes.
-    pub(crate) fn split_rule(&self, rule: SplitRule) -> SplitRule {
+    /// `rule` modelling the kernels `configure` chose for `heads` heads: the token-packing
+    /// ones (the wgmma kernel's packed variant, the narrow kernel) where this decoder has
+    /// them, the tile of the kernel of its other decodes, and the splits the seesaw kernel
+    /// takes.
+    pub(crate) fn split_rule(&self, rule: SplitRule, heads: usize) -> SplitRule {
         match self.chosen {
             Some(k) => rule.with_kernels(
                 k.stage1.packed.is_some(),
                 k.stage1.narrow.is_some(),
                 k.stage1.decode.tile_keys(),
+                k.stage1.seesaw_keys(heads),
             ),
             None => rule,
         }

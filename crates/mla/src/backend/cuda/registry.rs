@@ -570,8 +570,11 @@ pub const WGMMA_FP8_MIN_SPLIT_KEYS: usize = 1024;
 /// a split on two waves of CTAs (132 x 128 x 1024), 1.15x at 4096 and 8192 on one wave
 /// (against the wgmma kernel's times before its own start got `Divider`, 5% to 7% faster
 /// since). On one wave (fifteenth session): 0.84x at 512 keys, 0.90x at 1024,
-/// 0.98x to 1.14x at 2048; hence 2048 (BENCHMARKS.md, fifteenth session).
-pub const WGMMA_FP8Q_MIN_SPLIT_KEYS: usize = 2048;
+/// 0.98x to 1.14x at 2048. With the lag schedule (seventeenth session) it is 1.18x faster at
+/// 1024 keys on one wave (66 x 128 x 1024: 58.1 against 68.6 us), 1.06x to 1.07x at 1024 on
+/// 2 and 4 splits, 0.95x at 512 (8 x 128 x 4096, 8 splits); hence 1024 (BENCHMARKS.md,
+/// eighteenth session).
+pub const WGMMA_FP8Q_MIN_SPLIT_KEYS: usize = 1024;
 
 /// The most raw tiles the fp8 twin's ring holds (the third hides a DRAM latency the second
 /// leaves; a fourth does not fit beside q).
@@ -764,8 +767,9 @@ impl Stage1 {
             splits::narrow_tokens(heads, query_len)
         };
         let tiles = splits::tma_pages(page_size);
-        let long_splits = self.choice == KernelChoice::Seesaw
-            || seesaw_min_split_keys(heads).is_some_and(|keys| split_keys >= keys);
+        let long_splits = self
+            .seesaw_keys(heads)
+            .is_some_and(|keys| split_keys >= keys);
         let fp8_min = match self.fp8 {
             Some(f) if f.fp8_query => WGMMA_FP8Q_MIN_SPLIT_KEYS,
             _ => WGMMA_FP8_MIN_SPLIT_KEYS,
@@ -776,6 +780,19 @@ impl Stage1 {
             (_, _, Some(s), _) if tiles && long_splits => (s, 1),
             (_, _, _, Some(f)) if fp8_splits => (f, 1),
             _ => (self.decode, 1),
+        }
+    }
+
+    /// The fewest keys a split must hold for the seesaw kernel to take a decode of `heads`
+    /// heads (on pages it tiles): [`seesaw_min_split_keys`], any with `MLA_KERNEL=seesaw`;
+    /// None where the decoder has no seesaw kernel. The split rule models it
+    /// (`SplitRule::with_kernels`).
+    pub fn seesaw_keys(&self, heads: usize) -> Option<usize> {
+        self.seesaw?;
+        if self.choice == KernelChoice::Seesaw {
+            Some(0)
+        } else {
+            seesaw_min_split_keys(heads)
         }
     }
 
@@ -1008,7 +1025,7 @@ mod tests {
                 let s = Stage1::choose(128, fp8_query, limit, true, Auto).unwrap();
                 assert_eq!(s.fp8, Some(twin_q));
                 let min_q = WGMMA_FP8Q_MIN_SPLIT_KEYS;
-                assert!(min_q > min);
+                assert!(min_q >= min);
                 assert_eq!(s.launch(128, 1, 64, min_q), (twin_q, 1));
                 assert_eq!(s.launch(128, 1, 64, min_q - 1), (s.decode, 1));
                 assert!(s.decode.fp8_query && s.decode.family == Family::DecodeWgmma);
@@ -1396,7 +1413,21 @@ mod tests {
         ] {
             let stage1 = choose(128, kv, hopper, choice);
             assert_eq!(stage1.seesaw, None, "{kv:?} {hopper} {choice:?}");
+            assert_eq!(stage1.seesaw_keys(128), None, "{kv:?} {hopper} {choice:?}");
             assert_ne!(stage1.launch(128, 1, 64, long).0.family, s);
+        }
+        // What the split rule is told (SplitRule::with_kernels): the launch's own threshold.
+        for heads in [128, 64, 17, 16] {
+            let keys = choose(heads, KvFormat::Bf16, true, Auto).seesaw_keys(heads);
+            assert_eq!(keys, seesaw_min_split_keys(heads), "{heads} heads");
+            let keys = keys.unwrap();
+            let stage1 = choose(heads, KvFormat::Bf16, true, Auto);
+            assert_eq!(stage1.launch(heads, 1, 64, keys).0.family, s);
+            assert_ne!(stage1.launch(heads, 1, 64, keys - 1).0.family, s);
+            assert_eq!(
+                choose(heads, KvFormat::Bf16, true, Seesaw).seesaw_keys(heads),
+                Some(0)
+            );
         }
         let v = choose(128, KvFormat::Bf16, true, Seesaw).seesaw.unwrap();
         assert!(
