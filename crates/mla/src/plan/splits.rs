@@ -226,6 +226,11 @@ impl SplitRule {
     /// - the combine, when there are splits, costs a unit, a unit per 32 splits (its warps
     ///   read a row's splits side by side, 16 each at once), and the f32 partials it moves
     ///   (written and read) at the rate a wave moves key tiles (`slots` x 36 KB a unit).
+    ///   For the seesaw kernel at 16 heads that is half the rate its units imply (64 keys,
+    ///   72 KB an SM): the rule as measured (eighteenth session) charges its partials twice.
+    ///   The consistent rate changes the count of 9% of the 16-head batches of 1 to 300
+    ///   rows and 64 to 40k keys (7 x 37k keys: 37 mma splits to 18 seesaw ones); not
+    ///   measured yet, so not taken.
     ///
     /// A split holds at least one tile (32 keys): at batch 1 the fixed cost of a CTA is most
     /// of its time, and 32 splits of 1024 keys measured 10.8 us against 14.0 for 8 (H200,
