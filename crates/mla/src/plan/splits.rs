@@ -230,7 +230,7 @@ impl SplitRule {
     ///   72 KB an SM): the rule as measured (eighteenth session) charges its partials twice.
     ///   The consistent rate changes the count of 9% of the 16-head batches of 1 to 300
     ///   rows and 64 to 40k keys (7 x 37k keys: 37 mma splits to 18 seesaw ones); not
-    ///   measured yet, so not taken.
+    ///   measured yet, so not taken (docs/wip/seesaw-rate.patch).
     ///
     /// A split holds at least one tile (32 keys): at batch 1 the fixed cost of a CTA is most
     /// of its time, and 32 splits of 1024 keys measured 10.8 us against 14.0 for 8 (H200,
