@@ -154,26 +154,19 @@ impl SplitRule {
     }
 
     /// The fill rule without the seesaw kernel; other rules as they are.
-    fn without_seesaw(self) -> SplitRule {
-        match self {
-            SplitRule::Fill {
-                wgmma,
-                narrow,
-                decode_tile,
-                ..
-            } => self.with_kernels(wgmma, narrow, decode_tile, None),
-            other => other,
+    fn without_seesaw(mut self) -> SplitRule {
+        if let SplitRule::Fill { seesaw_keys, .. } = &mut self {
+            *seesaw_keys = None;
         }
+        self
     }
 
     /// The fill rule without the TMA kernels (narrow, seesaw); other rules as they are.
-    fn without_tma(self) -> SplitRule {
-        match self {
-            SplitRule::Fill {
-                wgmma, decode_tile, ..
-            } => self.with_kernels(wgmma, false, decode_tile, None),
-            other => other,
+    fn without_tma(mut self) -> SplitRule {
+        if let SplitRule::Fill { narrow, .. } = &mut self {
+            *narrow = false;
         }
+        self.without_seesaw()
     }
 
     /// The split count of a batch of `rows` query rows (`query_len` a request) and `heads`
@@ -183,30 +176,37 @@ impl SplitRule {
             SplitRule::Single => 1,
             SplitRule::Fixed { splits } => splits,
             SplitRule::Vllm { sm_count } => num_kv_splits(max_kv_len, sm_count),
-            SplitRule::Fill {
-                max_splits,
-                seesaw_keys,
-                ..
-            } => {
+            SplitRule::Fill { max_splits, .. } => {
                 // A split keeps at least MIN_TILES tiles to amortize its fixed costs.
-                let mut most = max_kv_len
+                let most = max_kv_len
                     .div_ceil(TILE * MIN_TILES)
                     .clamp(1, max_splits.max(1));
-                // The seesaw kernel only ever takes fewer, longer splits than the rule
-                // without it picks: so the count stays under that rule's, which grows with
-                // the length, and a workspace reserved by it holds every batch.
-                if seesaw_keys.is_some() {
-                    most = most.min(
-                        self.without_seesaw()
-                            .splits(max_kv_len, rows, query_len, heads),
-                    );
+                // The cheapest count, ties to fewer splits, in one pass (this runs on every
+                // decode). The seesaw kernel only ever takes fewer, longer splits than the
+                // rule without it picks: so the count stays under that rule's, which grows
+                // with the length, and a workspace reserved by it holds every batch. Both
+                // searches share the pass: when a count is the cheapest without the seesaw
+                // so far, the answer is the cheapest with it up to that count.
+                let (mut best, mut best_without, mut chosen) =
+                    ((f64::INFINITY, 1), f64::INFINITY, 1);
+                for s in 1..=most {
+                    let kernel = self.kernel(max_kv_len.div_ceil(s), query_len, heads);
+                    let cost = self.cost_on(kernel, max_kv_len, rows, query_len, heads, s);
+                    let without = match kernel {
+                        Modelled::Seesaw => {
+                            self.cost_on(Modelled::Decode, max_kv_len, rows, query_len, heads, s)
+                        }
+                        _ => cost,
+                    };
+                    if cost < best.0 {
+                        best = (cost, s);
+                    }
+                    if without < best_without {
+                        best_without = without;
+                        chosen = best.1;
+                    }
                 }
-                // The cheapest count (each cost computed once: this runs on every decode);
-                // ties go to fewer splits.
-                (1..=most)
-                    .map(|s| (self.fill_cost(max_kv_len, rows, query_len, heads, s), s))
-                    .min_by(|(cx, x), (cy, y)| cx.total_cmp(cy).then(x.cmp(y)))
-                    .map_or(1, |(_, s)| s)
+                chosen
             }
         }
     }
@@ -246,6 +246,20 @@ impl SplitRule {
         heads: usize,
         splits: usize,
     ) -> f64 {
+        let kernel = self.kernel(max_kv_len.div_ceil(splits.max(1)), query_len, heads);
+        self.cost_on(kernel, max_kv_len, rows, query_len, heads, splits)
+    }
+
+    /// [`SplitRule::fill_cost`] with the splits on `kernel`.
+    fn cost_on(
+        self,
+        kernel: Modelled,
+        max_kv_len: usize,
+        rows: usize,
+        query_len: usize,
+        heads: usize,
+        splits: usize,
+    ) -> f64 {
         let SplitRule::Fill {
             sm_count,
             kv_lora_rank,
@@ -255,8 +269,7 @@ impl SplitRule {
             return 0.0;
         };
         let split_keys = max_kv_len.div_ceil(splits.max(1));
-        let kernel = self.kernel(split_keys, query_len, heads);
-        let (per_split, per_sm) = self.ctas_per_split(split_keys, rows, query_len, heads);
+        let (per_split, per_sm) = kernel.grid(rows, query_len, heads);
         let slots = (per_sm * sm_count).max(1);
         let ctas = per_split.max(1) * splits;
         let waves = ctas.div_ceil(slots) as f64;
@@ -313,15 +326,8 @@ impl SplitRule {
         query_len: usize,
         heads: usize,
     ) -> (usize, usize) {
-        let requests = rows.div_ceil(query_len.max(1));
-        let per_token = rows * heads.div_ceil(64).max(1);
-        match self.kernel(split_keys, query_len, heads) {
-            Modelled::Packed(tokens) | Modelled::Narrow(tokens) => {
-                (requests * query_len.div_ceil(tokens), 1)
-            }
-            Modelled::Seesaw => (per_token, 1),
-            Modelled::Decode => (per_token, decode_per_sm(heads)),
-        }
+        self.kernel(split_keys, query_len, heads)
+            .grid(rows, query_len, heads)
     }
 
     /// The most `rows x splits` any batch of at most `max_rows` rows over at most
@@ -371,6 +377,20 @@ enum Modelled {
 }
 
 impl Modelled {
+    /// The CTAs a split takes of `rows` query rows (`query_len` a request) of `heads` heads,
+    /// and how many of them an SM runs at once ([`SplitRule::ctas_per_split`]).
+    fn grid(self, rows: usize, query_len: usize, heads: usize) -> (usize, usize) {
+        let per_token = rows * heads.div_ceil(64).max(1);
+        match self {
+            Modelled::Packed(tokens) | Modelled::Narrow(tokens) => (
+                rows.div_ceil(query_len.max(1)) * query_len.div_ceil(tokens),
+                1,
+            ),
+            Modelled::Seesaw => (per_token, 1),
+            Modelled::Decode => (per_token, decode_per_sm(heads)),
+        }
+    }
+
     /// Keys per tile: a split rounds up to whole tiles.
     fn tile_keys(self, rule: SplitRule) -> usize {
         match (self, rule) {
