@@ -51,6 +51,12 @@ static_assert(sizeof(DecodeParams) == 232, "DecodeParams must match src/backend/
 #define MLA_SCHED 0
 #endif
 
+/// 1: a stage-1 kernel's variant whose CTAs take `tokens_per_cta` query tokens of a request,
+/// tokens x heads in its tile rows, each row masked to its own token's keys.
+#ifndef MLA_PACK
+#define MLA_PACK 0
+#endif
+
 /// 1: the fp8-query mode of a stage-1 kernel with an fp8 cache (common/fp8.cuh): q and P as
 /// e4m3 codes, q_scale on the scores (docs/contract.md).
 #ifndef MLA_QFP8

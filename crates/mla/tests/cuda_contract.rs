@@ -63,6 +63,25 @@ fn multi_token_rows_causal_and_not() {
 }
 
 #[test]
+fn multi_token_rows_of_few_heads_on_long_splits() {
+    // On Hopper the seesaw kernel's packed variant takes these (splits of at least 1024 keys,
+    // tokens x heads in its 64 rows; 16 x 4 fills them): each token's split edges its own,
+    // the edges inside a tile, the last row's tokens seeing one split or none.
+    use KvFormat::{Bf16, F16};
+    for (heads, q_len, model, kv, splits) in [
+        (16, 2, ModelDtype::Bf16, Bf16, 2),
+        (16, 4, ModelDtype::F16, F16, 3),
+        (32, 2, ModelDtype::Bf16, Bf16, 1),
+        (20, 3, ModelDtype::Bf16, Bf16, 2),
+    ] {
+        let s = spec(heads, 64, &[5003, 4097, 2900, 2], q_len, Mask::Causal).with_format(model, kv);
+        let mut case = Case::new(s);
+        case.fixed_splits = Some(splits);
+        check(&case);
+    }
+}
+
+#[test]
 fn sliding_windows() {
     for (w, q_len) in [(1, 1), (64, 1), (100, 3), (5000, 2), (31, 4)] {
         let mut case = Case::new(spec(32, 64, &[1000, 10, 0, 2570], q_len, Mask::Causal));

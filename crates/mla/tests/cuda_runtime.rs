@@ -192,14 +192,16 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
     // pages it does not tile); 16 heads or more with a bf16 cache also build the seesaw kernel,
     // which takes the decode where a split holds at least seesaw_min_split_keys(heads) keys
     // (40 requests of 1100 keys at 128 heads: one split each; 2 requests take many short
-    // splits).
+    // splits), and its packed variant the packed tokens' decodes where a split holds at
+    // least seesaw_min_split_keys(heads x tokens).
     // From 17 heads, an fp8 cache under a bf16 query also builds the wgmma kernel's fp8 twin,
     // which takes the decodes whose splits hold WGMMA_FP8_MIN_SPLIT_KEYS keys or more (66
     // requests of 2100 keys at 128 heads: one split each); with MLA_KERNEL=wgmma_fp8, every
     // decode.
-    // MLA_KERNEL=mma|wgmma|narrow|seesaw|wgmma_fp8 forces a family (the seesaw kernel: single
-    // tokens with a cache in the model dtype on any split count, unless the decoder
-    // schedules; the fp8 twin: every fp8 decode, packed tokens too).
+    // MLA_KERNEL=mma|wgmma|narrow|seesaw|wgmma_fp8 forces a family (the seesaw kernel: every
+    // decode with a cache in the model dtype that the narrow kernel does not take, packed
+    // tokens too, on any split count, unless the decoder schedules; the fp8 twin: every fp8
+    // decode, packed tokens too).
     let two = [1000, 37];
     let forty = [1100; 40];
     let long = [2100; 66];
@@ -209,6 +211,7 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         (64, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..]),
         (16, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..]),
         (16, KvFormat::Bf16, CacheDtype::Auto, 4, &two[..]),
+        (16, KvFormat::Bf16, CacheDtype::Auto, 2, &long[..]),
         (8, KvFormat::Bf16, CacheDtype::Auto, 2, &two[..]),
         (128, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 1, &two[..]),
         (128, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 1, &long[..]),
@@ -279,14 +282,17 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         gpu::assert_close(&case, &run);
         assert_eq!(families.contains(&Family::DecodeNarrow), narrow_built);
         let splits = run.plan.num_kv_splits;
+        // Packed tokens take its packed variant, on the packed rows' threshold.
+        let rows = heads * mla::plan::splits::packing(heads, q_len).unwrap_or(1);
         let seesaw_launched = seesaw_built
-            && !packs
             && !narrow_launched
             && (choice == Seesaw
-                || registry::seesaw_min_split_keys(heads)
+                || registry::seesaw_min_split_keys(rows)
                     .is_some_and(|keys| run.plan.split_keys() >= keys));
-        // The case that is there for it does take it.
+        // The cases that are there for it do take it (packed: 66 requests of 2100 keys x 2
+        // tokens at 16 heads, two splits of 1050 keys).
         assert!(seesaw_launched || !(seesaw_built && lengths == forty.as_slice()));
+        assert!(seesaw_launched || !(seesaw_built && packs && lengths == long.as_slice()));
         let fp8_launched = fp8_built
             && (choice == WgmmaFp8
                 || (!packs && run.plan.split_keys() >= registry::WGMMA_FP8_MIN_SPLIT_KEYS));

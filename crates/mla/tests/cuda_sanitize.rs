@@ -27,6 +27,13 @@ fn sanitize_every_kernel_path() {
     let mut packed = Case::new(spec(16, 16, &[900, 3, 70], 4, Mask::Causal));
     packed.window = Some(61);
     cases.push(packed);
+    // The seesaw kernel's packed variant as shipped (splits of at least 1024 keys): 16 heads
+    // x 3 tokens over 32-key pages, two splits whose edges differ token by token, a row
+    // whose tokens see nothing of its second split, and a window.
+    let mut packed_seesaw = Case::new(spec(16, 32, &[4500, 2, 2900], 3, Mask::Causal));
+    packed_seesaw.fixed_splits = Some(2);
+    packed_seesaw.window = Some(2500);
+    cases.push(packed_seesaw);
     let mut single = Case::new(spec(64, 64, &[100, 0], 1, Mask::Causal));
     single.batch_invariant = true;
     cases.push(single);

@@ -74,6 +74,63 @@ __device__ __forceinline__ i64 piece_at(const DecodeParams& p, const Piece& pc, 
     return pc.splits == 1 ? -1 : (i64)pc.slot * job_rows + r;
 }
 
+/// The tile rows of a stage-1 CTA of M rows whose grid job (row x head blocks + head block,
+/// or with PACK, request x token blocks x head blocks) is `job`: `tokens` query tokens of
+/// request `req` from token `tok0` (query row `row0`) on, `per_token` heads each from `head0`
+/// on. Tile row r is head head0 + r % per_token of token r / per_token; unpacked that is head
+/// head0 + r of the one token. The host packs only when heads x tokens_per_cta <= M.
+template <bool PACK, int M>
+struct CtaRows {
+    int req, row0, tok0, tokens, per_token, head0;
+
+    __device__ CtaRows(const DecodeParams& p, int job) {
+        const int pack = PACK ? p.tokens_per_cta : 1;
+        per_token = PACK ? p.heads : M;
+        const int head_blocks = (p.heads + per_token - 1) / per_token;
+        const int token_blocks = (p.query_len + pack - 1) / pack;
+        req = job / (head_blocks * token_blocks);
+        tok0 = (job / head_blocks) % token_blocks * pack;
+        row0 = req * p.query_len + tok0;
+        tokens = PACK ? min(pack, p.query_len - tok0) : 1;
+        head0 = (job % head_blocks) * per_token;
+    }
+
+    __device__ int nth(int r) const { return PACK ? r / per_token : 0; }
+    __device__ int token(int r) const { return tok0 + nth(r); }
+    __device__ int row(int r) const { return row0 + nth(r); }
+    __device__ int head(int r) const { return head0 + (PACK ? r % per_token : r); }
+    /// Whether tile row r is a real (query row, head); padding rows are never written.
+    __device__ bool real(int r, const DecodeParams& p) const { return nth(r) < tokens && head(r) < p.heads; }
+
+    /// Where the CTA's piece `pc` reads (common/rows.cuh, tokens_keys; piece_keys): with one
+    /// token, its keys (`keys` and `common` alike).
+    __device__ TokensKeys keys(const DecodeParams& p, int len, const Piece& pc) const {
+        if (!PACK) {
+            const KeyRange r = piece_keys(token_keys(p, len, tok0), pc);
+            return {r, r};
+        }
+        return tokens_keys(p, len, tok0, tokens, pc.split, pc.splits);
+    }
+
+    /// The keys tile row r of piece `pc` sees (packed: its token's; empty for a padding row).
+    __device__ KeyRange row_keys(const DecodeParams& p, int len, const Piece& pc, int r) const {
+        return real(r, p) ? piece_keys(token_keys(p, len, token(r)), pc) : KeyRange{0, 0};
+    }
+
+    /// A piece with no keys: o = 0 and lse = -inf with one split (each token's rows), else
+    /// lse = -inf in its split's partials (the combine gives the split no weight), by a CTA of
+    /// THREADS threads.
+    template <int THREADS, int L>
+    __device__ void write_empty_piece(const DecodeParams& p, const Piece& pc) const {
+        if (pc.splits == 1) {
+            for (int t = 0; t < tokens; ++t) write_empty<M, THREADS, L>(p, row0 + t, head0);
+        } else {
+            write_empty_split<M, THREADS>(
+                p, [&](int r) { return real(r, p) ? piece_at(p, pc, M, r, row(r), head(r)) : i64(-1); });
+        }
+    }
+};
+
 /// write_empty_split (common/keys.cuh) for a piece whose ROWS tile rows are heads head0 .. of
 /// query row `row` (the unpacked kernels' CTA), padding heads skipped.
 template <int ROWS, int THREADS>

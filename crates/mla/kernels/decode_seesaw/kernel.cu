@@ -5,9 +5,9 @@
  * step, its two warpgroups taking turns ("seesaw") so that one's softmax runs while the
  * other's products keep the tensor cores busy, the keys streamed by TMA chunk by chunk.
  *
- * Outputs, grid and workspace are decode_wgmma's unpacked ones (grid x = row * head_blocks +
- * head_block, y = split), so the plan, the workspace and the combine are shared. NOTES.md
- * beside this file has the design and the measurements.
+ * Outputs, grid and workspace are decode_wgmma's (grid x = row * head_blocks + head_block, y
+ * = split; packed, request x token blocks), so the plan, the workspace and the combine are
+ * shared. NOTES.md beside this file has the design and the measurements.
  *
  * The 64 x L f32 output takes half the register file, so it is split by columns: warpgroup w
  * holds O's columns 256 w .. 256 w + 255 (O_w, 128 registers a thread). A step takes tiles
@@ -53,6 +53,10 @@
  * Compile-time configuration (-D):
  *   MLA_L, MLA_R  latent and rotary widths (L = 512, R = 64: 8 value chunks and one rotary)
  *   MLA_BF16      1: the model dtype (q, cache, P, o) is bf16, 0: f16
+ *   MLA_PACK      1: the CTA's rows are `tokens_per_cta` query tokens x heads of one request
+ *                 (multi-token decodes of few heads: one read of the keys for every token),
+ *                 each row masked to its own token's keys, which shared memory holds for the
+ *                 masked tiles (registers have no room for them)
  * Kernel-development switches (MLA_EXTRA_DEFINES, never in a shipped build): MLA_EXP_TRACE
  * prints, for CTA (0, 0), when each warpgroup reached 8 points of steps 8 to 15 (SM clock;
  * `trace` says which).
@@ -68,6 +72,7 @@
 namespace {
 
 constexpr bool BF16 = MLA_BF16 != 0;
+constexpr bool PACK = MLA_PACK != 0;
 constexpr int L = MLA_L;
 constexpr int D = L + MLA_R;
 constexpr int M = 64;                    // rows (heads of one query row) a CTA: wgmma's M
@@ -81,6 +86,7 @@ constexpr int CHUNK_BYTES = BN * 128;    // a chunk of a tile (or of q, or P), s
 constexpr int TILE_BYTES = CHUNKS * CHUNK_BYTES;
 constexpr int STAT_BYTES = 5 * M * 4;    // running max, the two rescales, the two row sums
 constexpr int BAR_BYTES = (2 * CHUNKS + 5) * 8;  // a chunk's of each stage, 4 hand-overs, the sums'
+constexpr int RANGE_BYTES = PACK ? (M + 1) * 8 : 0;  // packed: each row's keys, then the common ones
 constexpr int ALIGN = 1024;
 constexpr float LN2 = 0.69314718055994530942f;
 
@@ -103,6 +109,9 @@ struct Smem {
     __device__ u32 hand(int k) const { return bar(2, k - 1); }
     /// The row sums' exchange at the end (256 arrivals).
     __device__ u32 sums_ready() const { return bar(2, 4); }
+    /// Packed: the keys tile row r sees (start, end), and at r = M the keys every row sees,
+    /// written once before the loop.
+    __device__ u32 range(int r) const { return bar(2, 5) + 8 * r; }
     /// The same addresses, computed afresh where they are used (see the file's note).
     __device__ Smem fresh() const { return Smem{opaque_u32(base)}; }
 };
@@ -134,20 +143,34 @@ __device__ __forceinline__ void trace(const Smem& sm, int step, int ev) {
 }
 
 /// Shared memory the kernel needs (the host checks it against its own count).
-extern "C" __constant__ int mla_decode_smem_bytes = ALIGN + 3 * TILE_BYTES + CHUNK_BYTES + STAT_BYTES + BAR_BYTES;
+extern "C" __constant__ int mla_decode_smem_bytes =
+    ALIGN + 3 * TILE_BYTES + CHUNK_BYTES + STAT_BYTES + BAR_BYTES + RANGE_BYTES;
 static_assert(StagedRows<BF16, L>::bytes(M) <= 3 * TILE_BYTES, "the outputs' staging tile fits over q and the tiles");
 
 namespace {
 
-/// q of the CTA's 64 heads (padding heads zero), swizzled, by every thread (cp.async, one
-/// commit group).
-__device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, int row, int head0) {
+/// The CTA's rows (common/schedule.cuh): tokens x heads packed, or heads of one token.
+using Rows = CtaRows<PACK, M>;
+
+/// q of the CTA's rows (padding rows zero), swizzled, by every thread (cp.async, one commit
+/// group).
+__device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, const Rows& rows) {
     copy_q<M, L, D, THREADS>(p, sm.q(), threadIdx.x, [&](int r, int& q_row, int& head) {
-        q_row = row;
-        head = head0 + r;
-        return head < p.heads;
+        q_row = rows.row(r);
+        head = rows.head(r);
+        return rows.real(r, p);
     });
     cp_async_commit();
+}
+
+/// Packed: the keys this thread's rows (r0, r0 + 8) see, from shared memory (a padding row the
+/// CTA's, so that its scores, 0, keep a finite max as an unpacked kernel's padding heads do).
+__device__ __forceinline__ void row_ranges(const Smem& sm, int r0, KeyRange (&k)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 at = sm.range(r0 + 8 * h);
+        k[h] = KeyRange{(int)ld_shared_u32(at), (int)ld_shared_u32(at + 4)};
+    }
 }
 
 /// The issuing lane's box of a tile (lane b: box b, TileBoxes' split of a 64-key tile) as the
@@ -256,53 +279,84 @@ __device__ __forceinline__ void pv_own(float (&o)[COLS / 2], const u32 (&pb)[16]
     wgmma_commit();
 }
 
-/// Whether this thread's score s[i] of the tile from `first` is one of `keys` (always, unless
-/// MASKED: a split's first or last tile). s[4 j + e]: row r0 + 8 (e / 2), key 8 j + 2 (lane %
-/// 4) + e % 2.
-template <bool MASKED>
-__device__ __forceinline__ bool seen(int i, int first, const KeyRange& keys, int lane) {
-    const int pos = first + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
-    return !MASKED || (pos >= keys.start && pos < keys.end);
+/// Which of this thread's scores s[i] of the tile from `first` are its rows' keys, on a masked
+/// tile (a split's first or last): s[4 j + e] is row r0 + 8 (e / 2), key 8 j + 2 (lane % 4) + e
+/// % 2. Unpacked, every row sees the CTA's keys: two compares a score. Packed, each row its
+/// own (row_ranges'), kept as a bit a score: one register through the masked softmax instead
+/// of two rows' ranges (the kernel has none to spare).
+struct MaskedSeen {
+    int first;
+    KeyRange keys;
+    int lane;
+    u32 bits = 0;
+
+    __device__ MaskedSeen(int first_, const KeyRange& keys_, const Smem& sm, int r0, int lane_)
+        : first(first_), keys(keys_), lane(lane_) {
+        if constexpr (PACK) {
+            KeyRange k[2];
+            row_ranges(sm, r0, k);
+#pragma unroll
+            for (int i = 0; i < 32; ++i) {
+                const KeyRange& r = k[(i % 4) / 2];
+                if (pos(i) >= r.start && pos(i) < r.end) bits |= 1u << i;
+            }
+        }
+    }
+    __device__ int pos(int i) const { return first + 8 * (i / 4) + 2 * (lane % 4) + (i & 1); }
+    __device__ bool operator()(int i) const {
+        if constexpr (PACK) return ((bits >> i) & 1u) != 0;
+        return pos(i) >= keys.start && pos(i) < keys.end;
+    }
+};
+
+/// An unmasked tile (inside every row's keys): every score is a key of its row.
+struct AllSeen {
+    __device__ bool operator()(int) const { return true; }
+};
+
+/// Calls `F::of(seen, args...)` with the tile's seen scores: AllSeen where the tile is `inside`
+/// every row's keys, the masks (a uniform branch) only on the others: their compares and
+/// selects cost a softmax more than its arithmetic. (A generic lambda would do, but NVRTC
+/// takes one for host code.)
+template <typename F, typename... Args>
+__device__ __forceinline__ void with_seen(bool inside, int first, const KeyRange& keys, const Smem& sm, int r0,
+                                          int lane, Args&&... args) {
+    if (inside) {
+        F::of(AllSeen{}, args...);
+    } else {
+        F::of(MaskedSeen(first, keys, sm, r0, lane), args...);
+    }
 }
 
 /// This thread's two rows' maxima of the raw scores of the tile from `first` over the keys
 /// it sees (over the quad). The scores are only read: warpgroup 1 computes this while a wgmma
 /// of its is in flight, and a write to an accumulator register then would make ptxas
 /// serialize the wgmma (its C7515).
-template <bool MASKED>
-__device__ __forceinline__ void tile_max_of(const float (&s)[32], float (&mx)[2], int first, const KeyRange& keys,
-                                            int lane) {
-    // Two chains a row, so that 16 dependent maxima are 8.
-    float c[4];
+struct TileMax {
+    template <typename Seen>
+    __device__ static void of(const Seen& seen, const float (&s)[32], float (&mx)[2]) {
+        // Two chains a row, so that 16 dependent maxima are 8.
+        float c[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) c[j] = bits_to_float(0xff800000u);
+        for (int j = 0; j < 4; ++j) c[j] = bits_to_float(0xff800000u);
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-        if (seen<MASKED>(i, first, keys, lane)) c[i % 4] = fmaxf(c[i % 4], s[i]);
+        for (int i = 0; i < 32; ++i) {
+            if (seen(i)) c[i % 4] = fmaxf(c[i % 4], s[i]);
+        }
+        mx[0] = quad_max(fmaxf(c[0], c[1]));
+        mx[1] = quad_max(fmaxf(c[2], c[3]));
     }
-    mx[0] = quad_max(fmaxf(c[0], c[1]));
-    mx[1] = quad_max(fmaxf(c[2], c[3]));
-}
-
-/// tile_max_of, the masks only where the tile is not `inside` the keys (a uniform branch: the
-/// masks' compares and selects cost a softmax more than its arithmetic).
-__device__ __forceinline__ void tile_max(const float (&s)[32], float (&mx)[2], int first, bool inside,
-                                         const KeyRange& keys, int lane) {
-    if (inside) {
-        tile_max_of<false>(s, mx, first, keys, lane);
-    } else {
-        tile_max_of<true>(s, mx, first, keys, lane);
-    }
-}
+};
 
 /// This thread's rows' running max `m` moved past the tile from `first` (m_new = max(m, its
 /// scores' max times the scale, which is positive)), and the factors 2^(m - m_new) that
 /// rescale what was relative to m: exactly 1 where the max did not move (the rescale is then
-/// skipped).
+/// skipped; packed, a row that has seen no key yet keeps m = -inf and the factor 1).
 __device__ __forceinline__ void next_max(const float (&s)[32], float (&m)[2], float (&factor)[2], int first,
-                                         bool inside, const KeyRange& keys, float sc, int lane) {
+                                         bool inside, const KeyRange& keys, const Smem& sm, int r0, float sc,
+                                         int lane) {
     float mx[2];
-    tile_max(s, mx, first, inside, keys, lane);
+    with_seen<TileMax>(inside, first, keys, sm, r0, lane, s, mx);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const float m_new = fmaxf(m[h], mx[h] * sc);
@@ -328,37 +382,36 @@ __device__ __forceinline__ void publish_max(const Smem& sm, int wg, const float 
 
 /// P = 2^(s scale - m) of this thread's scores (0 for keys it does not see), rounded to the
 /// model dtype into `pb` as wgmma's A fragment (pair i of k-step kk: pb[4 kk + i], row r0 + 8
-/// (i % 2)), the unrounded values added to the row sums `l`. Every row's m is finite: each tile
-/// holds a key of the split.
-template <bool MASKED>
-__device__ __forceinline__ void exponentiate_of(const float (&s)[32], float sc, const float (&m)[2], float (&l)[2],
-                                                u32 (&pb)[16], int first, const KeyRange& keys, int lane) {
-    const auto p_of = [&](int j, int h) {
-        const float p = exp2_approx(fmaf(s[j], sc, -m[h]));
-        return seen<MASKED>(j, first, keys, lane) ? p : 0.0f;
-    };
+/// (i % 2)), the unrounded values added to the row sums `l`. Every row's m is finite on an
+/// unmasked tile (each holds a key of every row); on a masked one a packed row's m may still be
+/// -inf, its P then 0 by the mask.
+struct Exponentiate {
+    template <typename Seen>
+    __device__ static void of(const Seen& seen, const float (&s)[32], float sc, const float (&m)[2], float (&l)[2],
+                              u32 (&pb)[16]) {
+        const auto p_of = [&](int j, int h) {
+            const float p = exp2_approx(fmaf(s[j], sc, -m[h]));
+            return seen(j) ? p : 0.0f;
+        };
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+        for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int h = i % 2;
-            const float p0 = p_of(8 * kk + 2 * i, h);
-            const float p1 = p_of(8 * kk + 2 * i + 1, h);
-            l[h] += p0 + p1;
-            pb[4 * kk + i] = pack2<BF16>(p0, p1);
+            for (int i = 0; i < 4; ++i) {
+                const int h = i % 2;
+                const float p0 = p_of(8 * kk + 2 * i, h);
+                const float p1 = p_of(8 * kk + 2 * i + 1, h);
+                l[h] += p0 + p1;
+                pb[4 * kk + i] = pack2<BF16>(p0, p1);
+            }
         }
     }
-}
+};
 
-/// exponentiate_of, the masks only where the tile is not `inside` the keys.
+/// Exponentiate::of, the masks only where the tile is not `inside` every row's keys.
 __device__ __forceinline__ void exponentiate(const float (&s)[32], float sc, const float (&m)[2], float (&l)[2],
                                              u32 (&pb)[16], int first, bool inside, const KeyRange& keys,
-                                             int lane) {
-    if (inside) {
-        exponentiate_of<false>(s, sc, m, l, pb, first, keys, lane);
-    } else {
-        exponentiate_of<true>(s, sc, m, l, pb, first, keys, lane);
-    }
+                                             const Smem& sm, int r0, int lane) {
+    with_seen<Exponentiate>(inside, first, keys, sm, r0, lane, s, sc, m, l, pb);
 }
 
 /// exponentiate's P times a (row r0) and b (row r0 + 8), rounded again, unless both are 1.
@@ -415,24 +468,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
     const int r0 = 16 * (warp % 4) + lane / 4;  // this thread's rows: r0 and r0 + 8
     const bool issuer = warp % 4 == 0;          // the warp of its warpgroup that issues copies
     const Piece pc = grid_piece(p);
-    const int head_blocks = (p.heads + M - 1) / M;
-    const int row = pc.job / head_blocks, head0 = (pc.job % head_blocks) * M;
-    const int req = row / p.query_len;
+    const Rows rows(p, pc.job);
+    const int req = rows.req;
     const int len = request_len(p, req, tid == 0 && pc.split == 0);
-    const KeyRange keys = piece_keys(token_keys(p, len, row - req * p.query_len), pc);
+    // keys: the union of the rows' keys (tiles, copies, zeroed values); common: the keys every
+    // row sees (a tile inside them needs no mask).
+    const TokensKeys cta = rows.keys(p, len, pc);
+    const KeyRange keys = cta.keys;
     if (keys.start >= keys.end) {
-        if (pc.splits == 1) {
-            write_empty<M, THREADS, L>(p, row, head0);
-        } else {  // stage 2 gives the split no weight
-            write_empty_split_heads<M, THREADS>(p, pc, row, head0);
-        }
+        rows.write_empty_piece<THREADS, L>(p, pc);  // stage 2 gives an empty split no weight
         return;
     }
     const int first0 = keys.start - keys.start % BN;
     const int tiles = (keys.end - first0 + BN - 1) / BN;
 
     // q, the mbarriers, then the first two tiles' copies while q lands.
-    load_q(p, sm0, row, head0);
+    load_q(p, sm0, rows);
     if (tid == 0) {
         for (int st = 0; st < 2; ++st) {
             for (int c = 0; c < CHUNKS; ++c) mbar_init(sm0.bar(st, c), 1);
@@ -455,8 +506,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
     cp_async_wait_group<0>();
     fence_proxy_async();  // q's copies, for wgmma
     if (wg == 0 && lane % 4 == 0) {
-        st_shared_f32(sm0.max(r0), bits_to_float(0xff800000u));
-        st_shared_f32(sm0.max(r0 + 8), bits_to_float(0xff800000u));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = r0 + 8 * h;
+            st_shared_f32(sm0.max(r), bits_to_float(0xff800000u));
+            if (PACK) {
+                const KeyRange k = rows.real(r, p) ? rows.row_keys(p, len, pc, r) : keys;
+                st_shared_u32(sm0.range(r), (u32)k.start);
+                st_shared_u32(sm0.range(r) + 4, (u32)k.end);
+            }
+        }
+    }
+    if (PACK && tid == 0) {
+        st_shared_u32(sm0.range(M), (u32)cta.common.start);
+        st_shared_u32(sm0.range(M) + 4, (u32)cta.common.end);
     }
     __syncthreads();
 
@@ -477,8 +540,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
         const Smem sm = sm0.fresh();
         const bool has1 = t0 + 1 < tiles, more = t0 + 2 < tiles, more1 = t0 + 3 < tiles;
         const int first = first0 + t0 * BN;  // tile t0's first key; tile t1's is first + BN
-        const bool in0 = first >= keys.start && first + BN <= keys.end;
-        const bool in1 = first + 2 * BN <= keys.end;  // tile t1 starts inside the keys
+        // Tiles inside the keys every row sees (unpacked, the CTA's keys, and tile t1 starts
+        // inside them; packed, from shared memory: no registers are left to keep them).
+        const KeyRange common = PACK ? KeyRange{(int)ld_shared_u32(sm.range(M)), (int)ld_shared_u32(sm.range(M) + 4)}
+                                     : keys;
+        const bool in0 = first >= common.start && first + BN <= common.end;
+        const bool in1 = (!PACK || first + BN >= common.start) && first + 2 * BN <= common.end;
         const u32 parity = step & 1;                 // of this step's hand-overs
         const int next0 = first + 2 * BN, next1 = first + 3 * BN;  // tiles t0 + 2, t1 + 2
         if (issuer) {
@@ -491,14 +558,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
         if (wg == 0) {
             trace(sm, step, 0);
             float m[2] = {ld_shared_f32(sm.max(r0)), ld_shared_f32(sm.max(r0 + 8))}, a[2];
-            next_max(s, m, a, first, in0, keys, sc, lane);
+            next_max(s, m, a, first, in0, keys, sm, r0, sc, lane);
             publish_max(sm, 0, m, a, r0, lane);
             mbar_arrive(sm.hand(1));  // m0, 2^(m - m0): warpgroup 1's softmax starts meanwhile
             trace(sm, step, 1);
             rescale(o, a[0], a[1]);
             l[0] *= a[0];
             l[1] *= a[1];
-            exponentiate(s, sc, m, l, pb, first, in0, keys, lane);
+            exponentiate(s, sc, m, l, pb, first, in0, keys, sm, r0, lane);
             if (!in0) {
                 zero_outside(sm.k(0), 0, first, keys, wt);
                 named_barrier(1, 128);  // this warpgroup's zeros, for its own products
@@ -559,7 +626,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
             if (has1) {
                 // The softmax of tile t1, relative to m1 = max(m0, its scores).
                 float b[2];
-                next_max(s, m, b, first + BN, in1, keys, sc, lane);
+                next_max(s, m, b, first + BN, in1, keys, sm, r0, sc, lane);
                 publish_max(sm, 1, m, b, r0, lane);
                 mbar_arrive(sm.hand(2));  // m1, 2^(m0 - m1): warpgroup 0 rescales P0 meanwhile
                 trace(sm, step, 1);
@@ -568,7 +635,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
                     a[h] *= b[h];
                     l[h] *= a[h];
                 }
-                exponentiate(s, sc, m, l, pb, first + BN, in1, keys, lane);
+                exponentiate(s, sc, m, l, pb, first + BN, in1, keys, sm, r0, lane);
                 store_p(pb, sm.p(1), r0, lane);  // for warpgroup 0's product
                 rescale(o, a[0], a[1]);
                 if (!in1) {
@@ -620,6 +687,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
 
     // Both warpgroups' outputs and sums are relative to the last running max: the sums add.
     const Smem sm = sm0.fresh();
+    // The rows again (packed, their five integers are not kept live across the loop).
+    const Rows out_rows = PACK ? Rows(p, (int)opaque_u32(pc.job)) : rows;
 #ifdef MLA_EXP_TRACE
     __syncthreads();
     if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
@@ -647,21 +716,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
     const StagedRows<BF16, L> out{sm.q(), pc.splits > 1};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int r = r0 + 8 * h, head = head0 + r;
+        const int r = r0 + 8 * h;
         const float sum = ld_shared_f32(sm.sums(0, r)) + ld_shared_f32(sm.sums(1, r));
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
         out.put<COLS / 8>(r, [&](int j) { return wg * COLS + 2 * (lane % 4) + 8 * j; },
                           [&](int j, int e) { return o[4 * j + 2 * h + e] * inv; });
-        if (wg == 0 && lane % 4 == 0 && head < p.heads) {
-            store_lse(p, grid_at(p, row, head), row, head, (ld_shared_f32(sm.max(r)) + log2_approx(sum)) * LN2);
+        // A packed row with no key in the split (sum 0, max -inf): o = 0 and lse = -inf.
+        if (wg == 0 && lane % 4 == 0 && out_rows.real(r, p)) {
+            const int q_row = out_rows.row(r), head = out_rows.head(r);
+            store_lse(p, grid_at(p, q_row, head), q_row, head, (ld_shared_f32(sm.max(r)) + log2_approx(sum)) * LN2);
         }
     }
     mbar_arrive(sm.sums_ready());
     mbar_wait(sm.sums_ready(), 1);
     out.store<M, THREADS>(p, tid, [&](int r, i64& at, int& q_row, int& head) {
-        q_row = row;
-        head = head0 + r;
-        at = grid_at(p, row, head);
-        return head < p.heads;
+        q_row = out_rows.row(r);
+        head = out_rows.head(r);
+        at = grid_at(p, q_row, head);
+        return out_rows.real(r, p);
     });
 }

@@ -132,29 +132,8 @@ static_assert(StagedRows<BF16, L>::bytes(M) <= Q_BYTES + STAGES * STAGE_BYTES + 
 
 namespace {
 
-/// The CTA's rows: `tokens` query tokens of one request from token `tok0` (query row `row0`)
-/// on, `per_token` heads each from `head0` on. Tile row r is head head0 + r % per_token of
-/// token r / per_token; unpacked (PACK false) that is head head0 + r of the one token.
-struct Rows {
-    int row0, tok0, tokens, per_token, head0;
-
-    __device__ int nth(int r) const { return PACK ? r / per_token : 0; }
-    __device__ int token(int r) const { return tok0 + nth(r); }
-    __device__ int row(int r) const { return row0 + nth(r); }
-    __device__ int head(int r) const { return head0 + (PACK ? r % per_token : r); }
-    /// Whether tile row r is a real (query row, head); padding rows are never written.
-    __device__ bool real(int r, const DecodeParams& p) const { return nth(r) < tokens && head(r) < p.heads; }
-};
-
-/// Where this CTA's piece reads (common/rows.cuh, tokens_keys; common/schedule.cuh,
-/// piece_keys): with one token, its keys.
-__device__ __forceinline__ TokensKeys cta_keys(const DecodeParams& p, const Rows& rows, int len, const Piece& pc) {
-    if (!PACK) {
-        const KeyRange r = piece_keys(token_keys(p, len, rows.tok0), pc);
-        return {r, r};
-    }
-    return tokens_keys(p, len, rows.tok0, rows.tokens, pc.split, pc.splits);
-}
+/// The CTA's rows (common/schedule.cuh): tokens x heads packed, or heads of one token.
+using Rows = CtaRows<PACK, M>;
 
 /// q of the tile's rows, swizzled; padding rows are zero. In the fp8-query mode into the
 /// converted tile, free until the first tile, for quantize_q.
@@ -357,14 +336,8 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int wg = warp / 4;                          // warpgroup
     const int r0 = (warp % 4) * 16 + lane / 4;        // this thread's rows: r0 and r0 + 8
-    const int pack = PACK ? p.tokens_per_cta : 1;
-    const int per_token = PACK ? p.heads : M;         // the host packs only when heads * pack <= 64
-    const int head_blocks = (p.heads + per_token - 1) / per_token;
-    const int token_blocks = (p.query_len + pack - 1) / pack;
-    const int req = pc.job / (head_blocks * token_blocks);
-    const int tok0 = (pc.job / head_blocks) % token_blocks * pack;
-    const Rows rows{req * p.query_len + tok0, tok0, PACK ? min(pack, p.query_len - tok0) : 1, per_token,
-                    (pc.job % head_blocks) * per_token};
+    const Rows rows(p, pc.job);
+    const int req = rows.req;
     const int splits = pc.splits;
     Stamps stamps;  // MLA_EXP_STAMPS only
     stamps.begin();
@@ -373,17 +346,11 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
 #endif
 
     const int len = request_len(p, req, tid == 0 && pc.split == 0);  // read once, for every row
-    const TokensKeys cta = cta_keys(p, rows, len, pc);
+    const TokensKeys cta = rows.keys(p, len, pc);
     const KeyRange keys = cta.keys;
     stamps.mark(1);
     if (keys.start >= keys.end) {
-        if (splits == 1) {
-            for (int t = 0; t < rows.tokens; ++t) write_empty<M, THREADS, L>(p, rows.row0 + t, rows.head0);
-        } else if (!MLA_SCHED) {  // stage 2 gives the split no weight (a scheduled piece has keys)
-            write_empty_split<M, THREADS>(p, [&](int r) {
-                return rows.real(r, p) ? piece_at(p, pc, M, r, rows.row(r), rows.head(r)) : -1;
-            });
-        }
+        if (splits == 1 || !MLA_SCHED) rows.write_empty_piece<THREADS, L>(p, pc);  // a scheduled piece has keys
         return;
     }
     // This thread's rows' own keys (packed: empty for padding rows, so they stay at P = 0;
@@ -394,7 +361,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         const int r = r0 + 8 * h;
         KeyRange k = keys;
         if (PACK) {
-            k = rows.real(r, p) ? piece_keys(token_keys(p, len, rows.token(r)), pc) : KeyRange{0, 0};
+            k = rows.row_keys(p, len, pc, r);
         }
         lo[h] = k.start;
         hi[h] = k.end;

@@ -244,11 +244,13 @@ impl CudaBackend {
         // Asked for (the configuration, or the environment over it), where the configuration
         // allows it (ValidConfig::schedules_if), by a kernel that can. The scheduled decodes
         // are the decoder's own kernel's: the seesaw kernel and the wgmma kernel's fp8 twin
-        // have no scheduled variant.
+        // have no scheduled variant (nor, on such a decoder, does its packed tokens take the
+        // seesaw kernel).
         let asked = registry::schedule_from_env().unwrap_or(cfg.schedule);
         self.schedule = cfg.schedules_if(asked) && stage1.decode.schedulable();
         if self.schedule {
             stage1.seesaw = None;
+            stage1.packed_seesaw = None;
             stage1.fp8 = None;
         }
         self.chosen = Some(ConfigKernels {

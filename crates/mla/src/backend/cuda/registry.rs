@@ -144,7 +144,9 @@ pub const SEESAW_MIN_HEADS: usize = 16;
 /// (64 heads: 6% to 13% faster on 1024 and 2048 keys a split); four times that at 16 heads,
 /// where the mma kernel runs otherwise and the decode is memory-bound (3% to 14% faster on
 /// 2048 to 8192 keys a split, 2% slower on 1024 and 10% to 14% on 512; BENCHMARKS.md, tenth
-/// session).
+/// session). The packed variant takes the rows of packed tokens as heads: 32 and 64 rows (16
+/// heads x 2 and 4 tokens) measured 1.03x to 1.04x the packed wgmma kernel at 1024 keys a
+/// split, 1.09x at 2048, 0.98x to 0.99x at 512 (nineteenth session).
 pub fn seesaw_min_split_keys(heads: usize) -> Option<usize> {
     match heads {
         h if h > WGMMA_TILE => Some(SEESAW_MIN_SPLIT_KEYS),
@@ -221,7 +223,10 @@ impl Variant {
                 format!("-DMLA_SLOTS={}", self.stages),
             ]),
             // A cache in the model dtype only (`seesaw_variant`).
-            Family::DecodeSeesaw => d.push(format!("-DMLA_R={}", self.rope_dim)),
+            Family::DecodeSeesaw => d.extend([
+                format!("-DMLA_R={}", self.rope_dim),
+                format!("-DMLA_PACK={}", self.packed as u8),
+            ]),
             Family::DecodeWgmmaFp8 => d.extend([
                 format!("-DMLA_R={}", self.rope_dim),
                 format!("-DMLA_KV={}", self.kv),
@@ -327,10 +332,17 @@ impl Variant {
                 // the first stage's rotary chunk), P1 (64 x 64), five rows of 64 floats (the
                 // running max, two rescales, two row sums), and mbarriers: one a chunk of each
                 // stage, one for each of the four hand-overs between the warpgroups and one for
-                // the row sums' exchange at the end.
+                // the row sums' exchange at the end; packed, each row's keys and the keys every
+                // row sees (two i32 each).
                 let t = WGMMA_TILE;
                 let d = self.kv_lora_rank + self.rope_dim;
-                return 1024 + 3 * t * d * 2 + t * t * 2 + 5 * t * 4 + (2 * (d / 64) + 5) * 8;
+                let ranges = if self.packed { (t + 1) * 8 } else { 0 };
+                return 1024
+                    + 3 * t * d * 2
+                    + t * t * 2
+                    + 5 * t * 4
+                    + (2 * (d / 64) + 5) * 8
+                    + ranges;
             }
             Family::DecodeWgmmaFp8 => {
                 // 1024 bytes of alignment slack, q (64 x D, 16-bit), P^T (64 x 64, 16-bit)
@@ -666,6 +678,11 @@ pub struct Stage1 {
     pub decode: Variant,
     /// The kernel of multi-token decodes whose packed rows fill a wgmma tile enough.
     pub packed: Option<Variant>,
+    /// The seesaw kernel's packed variant, where the decoder has both the seesaw kernel and
+    /// packed decodes: it takes those of them whose splits hold at least
+    /// [`seesaw_min_split_keys`] of the packed rows (any with `MLA_KERNEL=seesaw`), on pages it
+    /// tiles.
+    pub packed_seesaw: Option<Variant>,
     /// The kernel of few-head multi-token decodes that do not pack into the wgmma tile, on
     /// pages it tiles ([`splits::tma_pages`]).
     pub narrow: Option<Variant>,
@@ -725,6 +742,10 @@ impl Stage1 {
         let seesaw = (wgmma && seesaw_heads)
             .then(|| seesaw_variant(shape, smem_limit))
             .flatten();
+        let packed_seesaw = seesaw
+            .filter(|_| packed.is_some())
+            .map(|v| Variant { packed: true, ..v })
+            .filter(|v| v.smem_bytes() <= smem_limit);
         // Where the decoder's own kernel is the wgmma kernel, unless that one is forced.
         let fp8_choice = matches!(choice, KernelChoice::Auto | KernelChoice::WgmmaFp8);
         let fp8 = (decode.family == Family::DecodeWgmma && fp8_choice)
@@ -733,6 +754,7 @@ impl Stage1 {
         Some(Stage1 {
             decode,
             packed,
+            packed_seesaw,
             narrow,
             seesaw,
             fp8,
@@ -742,8 +764,10 @@ impl Stage1 {
 
     /// The kernel a decode of `query_len` tokens a request over pages of `page_size` keys,
     /// whose longest split holds `split_keys` keys, launches, and the tokens each of its CTAs
-    /// takes: the packed kernel where the tokens pack ([`splits::packing`]: the packed rows
-    /// reach [`WGMMA_MIN_HEADS`], the rule that picks wgmma for single tokens), else the
+    /// takes: where the tokens pack ([`splits::packing`]: the packed rows reach
+    /// [`WGMMA_MIN_HEADS`], the rule that picks wgmma for single tokens), the packed seesaw
+    /// kernel where the decoder has it, it tiles the pages and a split holds at least
+    /// [`seesaw_min_split_keys`] of the packed rows, else the packed wgmma kernel; else the
     /// narrow kernel where two or more tokens fit it next to the heads and it tiles the pages
     /// ([`splits::narrow_tokens`]; with `MLA_KERNEL=narrow`, single tokens too), else the
     /// seesaw kernel where the decoder has it, it tiles the pages and a split holds at least
@@ -758,15 +782,19 @@ impl Stage1 {
         page_size: usize,
         split_keys: usize,
     ) -> (Variant, usize) {
+        let tiles = splits::tma_pages(page_size);
         if let (Some(w), Some(tokens)) = (self.packed, splits::packing(heads, query_len)) {
-            return (w, tokens);
+            let seesaw = self.packed_seesaw.filter(|_| tiles).filter(|_| {
+                self.seesaw_keys_for(heads * tokens)
+                    .is_some_and(|keys| split_keys >= keys)
+            });
+            return (seesaw.unwrap_or(w), tokens);
         }
         let tokens = if self.choice == KernelChoice::Narrow {
             splits::narrow_fit(heads, query_len)
         } else {
             splits::narrow_tokens(heads, query_len)
         };
-        let tiles = splits::tma_pages(page_size);
         let long_splits = self
             .seesaw_keys(heads)
             .is_some_and(|keys| split_keys >= keys);
@@ -789,10 +817,17 @@ impl Stage1 {
     /// (`SplitRule::with_kernels`).
     pub fn seesaw_keys(&self, heads: usize) -> Option<usize> {
         self.seesaw?;
+        self.seesaw_keys_for(heads)
+    }
+
+    /// The fewest keys a split must hold for the seesaw kernel (either variant) to take
+    /// `rows` rows a CTA (heads, or packed heads x tokens): [`seesaw_min_split_keys`], any
+    /// with `MLA_KERNEL=seesaw`.
+    fn seesaw_keys_for(&self, rows: usize) -> Option<usize> {
         if self.choice == KernelChoice::Seesaw {
             Some(0)
         } else {
-            seesaw_min_split_keys(heads)
+            seesaw_min_split_keys(rows)
         }
     }
 
@@ -810,6 +845,7 @@ impl Stage1 {
     pub fn variants(&self) -> impl Iterator<Item = Variant> {
         std::iter::once(self.decode)
             .chain(self.packed)
+            .chain(self.packed_seesaw)
             .chain(self.narrow)
             .chain(self.seesaw)
             .chain(self.fp8)
@@ -901,7 +937,7 @@ pub fn all_variants(smem_limit: usize, wgmma: bool) -> Vec<Variant> {
                 out.push(v);
             }
             if wgmma && let Some(v) = seesaw_variant(shape, smem_limit) {
-                out.push(v);
+                out.extend([v, Variant { packed: true, ..v }]);
             }
             if wgmma && let Some(v) = wgmma_fp8_variant(shape, smem_limit) {
                 out.push(v);
@@ -1297,8 +1333,9 @@ mod tests {
         assert_eq!(launch(choose(4, true, Wgmma), 4, 4), (w, false, 1));
         assert_eq!(launch(choose(4, true, Wgmma), 4, 100), (w, true, 16));
         assert_eq!(launch(choose(16, false, Auto), 16, 4), (m, false, 1));
-        // Warmup builds what can launch: the packed variant for up to 32 heads on Hopper,
-        // the narrow kernel for up to 8 (16 when forced), the seesaw kernel from 16.
+        // Warmup builds what can launch: the packed variants for up to 32 heads on Hopper
+        // (the seesaw kernel's from 16 heads), the narrow kernel for up to 8 (16 when
+        // forced), the seesaw kernel from 16.
         let count = |heads, wgmma| choose(heads, wgmma, Auto).variants().count();
         assert_eq!(
             (
@@ -1307,7 +1344,7 @@ mod tests {
                 count(32, true),
                 count(33, true)
             ),
-            (3, 3, 3, 2)
+            (3, 4, 4, 2)
         );
         assert_eq!(choose(16, true, Narrow).variants().count(), 3);
         assert_eq!(count(16, false), 1);
@@ -1341,8 +1378,9 @@ mod tests {
             (17, 1, (s, 1)),
             (16, 1, (s, 1)),
             (1, 1, (s, 1)),
-            (16, 4, (w, 4)), // packed: one read of the keys for 4 tokens
-            (8, 2, (n, 2)),  // the narrow kernel's 16 rows
+            (16, 4, (s, 4)), // packed: one read of the keys for 4 tokens
+            (16, 2, (s, 2)),
+            (8, 2, (n, 2)), // the narrow kernel's 16 rows
         ] {
             for split_keys in [1, 64, 511, 512, 100_000] {
                 let (v, t) =
@@ -1464,7 +1502,70 @@ mod tests {
                 .filter(|v| v.family == s)
                 .count()
         };
-        assert_eq!((count(true), count(false)), (2, 0));
+        assert_eq!((count(true), count(false)), (4, 0));
+    }
+
+    #[test]
+    fn the_seesaw_kernel_packs_few_head_tokens_on_long_splits_as_shipped() {
+        use KernelChoice::{Auto, Mma, Seesaw, Wgmma};
+        let choose =
+            |heads, kv, choice| Stage1::choose(heads, bf16(kv), 232_448, true, choice).unwrap();
+        let (s, w) = (Family::DecodeSeesaw, Family::DecodeWgmma);
+        // (heads, tokens, keys a split) -> family; the CTA packs the tokens either way.
+        let long = seesaw_min_split_keys(32).unwrap();
+        assert_eq!(long, 2 * SEESAW_MIN_SPLIT_KEYS);
+        for (heads, q, split_keys, want, tokens) in [
+            (16, 2, long, s, 2),
+            (16, 4, long, s, 4),
+            (16, 8, 100_000, s, 4),
+            (32, 2, long, s, 2),
+            (20, 3, long, s, 3),
+            (16, 2, long - 1, w, 2),
+            (16, 4, 64, w, 4),
+            // No seesaw kernel under 16 heads as shipped: the packed wgmma kernel.
+            (8, 4, 100_000, w, 4),
+            (1, 30, 100_000, w, 30),
+        ] {
+            let (v, t) = choose(heads, KvFormat::Bf16, Auto).launch(heads, q, 64, split_keys);
+            assert_eq!(
+                (v.family, v.packed, t),
+                (want, true, tokens),
+                "{heads} heads x {q}, {split_keys} keys a split"
+            );
+        }
+        // Pages it does not tile, and caches it does not read, keep the packed wgmma kernel.
+        for page in [1, 12, 48] {
+            let (v, _) = choose(16, KvFormat::Bf16, Auto).launch(16, 4, page, 100_000);
+            assert_eq!((v.family, v.packed), (w, true), "page {page}");
+        }
+        for kv in [KvFormat::F16, KvFormat::Fp8E4m3] {
+            let stage1 = choose(16, kv, Auto);
+            assert_eq!(stage1.packed_seesaw, None, "{kv:?}");
+            assert_eq!(stage1.launch(16, 4, 64, 100_000).0.family, w, "{kv:?}");
+        }
+        // Forced: any split; another family forced: never.
+        let (v, _) = choose(16, KvFormat::Bf16, Seesaw).launch(16, 2, 64, 1);
+        assert_eq!((v.family, v.packed), (s, true));
+        for choice in [Wgmma, Mma] {
+            assert_eq!(choose(16, KvFormat::Bf16, choice).packed_seesaw, None);
+        }
+        // The variant: MLA_PACK, its rows' key ranges in shared memory (65 x two i32 more
+        // than the unpacked kernel's, still within the 227 KB of a block), all heads of a
+        // token a CTA, and what warmup and CI build.
+        let stage1 = choose(16, KvFormat::Bf16, Auto);
+        let v = stage1.packed_seesaw.unwrap();
+        let unpacked = stage1.seesaw.unwrap();
+        assert!(v.defines().contains(&"-DMLA_PACK=1".to_string()));
+        assert!(unpacked.defines().contains(&"-DMLA_PACK=0".to_string()));
+        assert_eq!(v.smem_bytes(), unpacked.smem_bytes() + 65 * 8);
+        assert!(v.smem_bytes() <= 232_448);
+        assert_eq!(
+            (v.heads_per_cta(16), v.tile_keys(), v.ctas_per_sm()),
+            (16, 64, 1)
+        );
+        assert!(v.takes_tensor_map() && !v.schedulable());
+        assert!(stage1.variants().any(|x| x == v));
+        assert!(all_variants(232_448, true).contains(&v));
     }
 
     #[test]
