@@ -73,6 +73,8 @@ fn multi_token_rows_of_few_heads_on_long_splits() {
         (16, 4, ModelDtype::F16, F16, 3),
         (32, 2, ModelDtype::Bf16, Bf16, 1),
         (20, 3, ModelDtype::Bf16, Bf16, 2),
+        (8, 4, ModelDtype::Bf16, Bf16, 2),
+        (4, 16, ModelDtype::F16, F16, 1),
     ] {
         let s = spec(heads, 64, &[5003, 4097, 2900, 2], q_len, Mask::Causal).with_format(model, kv);
         let mut case = Case::new(s);

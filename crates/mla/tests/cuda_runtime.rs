@@ -264,9 +264,12 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
             && !scheduling
             && (choice == WgmmaFp8 || (choice == Auto && many));
         assert_eq!(families.contains(&Family::DecodeWgmmaFp8), fp8_built);
+        // Its packed variant wherever tokens can pack (up to 32 heads).
+        let can_pack = 2 * heads <= registry::WGMMA_TILE;
         let seesaw_built = hopper
             && (choice == Seesaw
-                || (choice == Auto && registry::seesaw_min_split_keys(heads).is_some()))
+                || (choice == Auto
+                    && (registry::seesaw_min_split_keys(heads).is_some() || can_pack)))
             && kv == KvFormat::Bf16
             && !scheduling;
         assert_eq!(families.contains(&Family::DecodeSeesaw), seesaw_built);

@@ -145,8 +145,8 @@ pub const SEESAW_MIN_HEADS: usize = 16;
 /// where the mma kernel runs otherwise and the decode is memory-bound (3% to 14% faster on
 /// 2048 to 8192 keys a split, 2% slower on 1024 and 10% to 14% on 512; BENCHMARKS.md, tenth
 /// session). The packed variant takes the rows of packed tokens as heads: 32 and 64 rows (16
-/// heads x 2 and 4 tokens) measured 1.03x to 1.04x the packed wgmma kernel at 1024 keys a
-/// split, 1.09x at 2048, 0.98x to 0.99x at 512 (nineteenth session).
+/// heads x 2 and 4 tokens, 8 x 4, 4 x 16) measured 1.03x to 1.04x the packed wgmma kernel at
+/// 1024 keys a split, 1.09x to 1.10x at 2048, 0.98x to 0.99x at 512 (nineteenth session).
 pub fn seesaw_min_split_keys(heads: usize) -> Option<usize> {
     match heads {
         h if h > WGMMA_TILE => Some(SEESAW_MIN_SPLIT_KEYS),
@@ -678,10 +678,10 @@ pub struct Stage1 {
     pub decode: Variant,
     /// The kernel of multi-token decodes whose packed rows fill a wgmma tile enough.
     pub packed: Option<Variant>,
-    /// The seesaw kernel's packed variant, where the decoder has both the seesaw kernel and
-    /// packed decodes: it takes those of them whose splits hold at least
-    /// [`seesaw_min_split_keys`] of the packed rows (any with `MLA_KERNEL=seesaw`), on pages it
-    /// tiles.
+    /// The seesaw kernel's packed variant, where the decoder packs tokens (whatever its head
+    /// count) and the seesaw kernel can run (a cache in the model dtype): it takes the packed
+    /// decodes whose splits hold at least [`seesaw_min_split_keys`] of the packed rows (any
+    /// with `MLA_KERNEL=seesaw`), on pages it tiles.
     pub packed_seesaw: Option<Variant>,
     /// The kernel of few-head multi-token decodes that do not pack into the wgmma tile, on
     /// pages it tiles ([`splits::tma_pages`]).
@@ -742,10 +742,14 @@ impl Stage1 {
         let seesaw = (wgmma && seesaw_heads)
             .then(|| seesaw_variant(shape, smem_limit))
             .flatten();
-        let packed_seesaw = seesaw
-            .filter(|_| packed.is_some())
-            .map(|v| Variant { packed: true, ..v })
-            .filter(|v| v.smem_bytes() <= smem_limit);
+        // Packed rows are rows whatever their heads: the packed variant wherever tokens pack,
+        // as shipped and forced (its threshold is the packed rows', `launch`).
+        let packed_seesaw = (packed.is_some()
+            && matches!(choice, KernelChoice::Auto | KernelChoice::Seesaw))
+        .then(|| seesaw_variant(shape, smem_limit))
+        .flatten()
+        .map(|v| Variant { packed: true, ..v })
+        .filter(|v| v.smem_bytes() <= smem_limit);
         // Where the decoder's own kernel is the wgmma kernel, unless that one is forced.
         let fp8_choice = matches!(choice, KernelChoice::Auto | KernelChoice::WgmmaFp8);
         let fp8 = (decode.family == Family::DecodeWgmma && fp8_choice)
@@ -1333,9 +1337,9 @@ mod tests {
         assert_eq!(launch(choose(4, true, Wgmma), 4, 4), (w, false, 1));
         assert_eq!(launch(choose(4, true, Wgmma), 4, 100), (w, true, 16));
         assert_eq!(launch(choose(16, false, Auto), 16, 4), (m, false, 1));
-        // Warmup builds what can launch: the packed variants for up to 32 heads on Hopper
-        // (the seesaw kernel's from 16 heads), the narrow kernel for up to 8 (16 when
-        // forced), the seesaw kernel from 16.
+        // Warmup builds what can launch: the packed variants (wgmma and seesaw) for up to 32
+        // heads on Hopper, the narrow kernel for up to 8 (16 when forced), the seesaw kernel
+        // from 16.
         let count = |heads, wgmma| choose(heads, wgmma, Auto).variants().count();
         assert_eq!(
             (
@@ -1344,7 +1348,7 @@ mod tests {
                 count(32, true),
                 count(33, true)
             ),
-            (3, 4, 4, 2)
+            (4, 4, 4, 2)
         );
         assert_eq!(choose(16, true, Narrow).variants().count(), 3);
         assert_eq!(count(16, false), 1);
@@ -1522,9 +1526,11 @@ mod tests {
             (20, 3, long, s, 3),
             (16, 2, long - 1, w, 2),
             (16, 4, 64, w, 4),
-            // No seesaw kernel under 16 heads as shipped: the packed wgmma kernel.
-            (8, 4, 100_000, w, 4),
-            (1, 30, 100_000, w, 30),
+            // Under 16 heads too (no unpacked seesaw kernel there as shipped).
+            (8, 4, long, s, 4),
+            (8, 8, long, s, 8),
+            (1, 30, 100_000, s, 30),
+            (8, 3, long - 1, w, 3),
         ] {
             let (v, t) = choose(heads, KvFormat::Bf16, Auto).launch(heads, q, 64, split_keys);
             assert_eq!(
