@@ -65,9 +65,9 @@ if has tests; then
   for k in wgmma mma narrow seesaw wgmma_fp8; do
     for t in cuda_contract cuda_runtime; do run_test $t $k; done
   done
-  # The device-computed schedule (docs/scheduler.md) on both kernels that take it.
+  # The device-computed schedule (docs/scheduler.md) on the kernels that take it.
   export MLA_SCHEDULE=1
-  for k in wgmma mma; do
+  for k in wgmma mma seesaw; do
     for t in cuda_contract cuda_runtime; do run_test $t $k; done
   done
   unset MLA_SCHEDULE
@@ -112,7 +112,7 @@ for tool in memcheck racecheck; do
   if has "$tool"; then
     trial=""
     [ "$try_ok" = 1 ] && trial=try
-    for k in "" wgmma narrow seesaw wgmma_fp8 scheduled-wgmma scheduled-mma $trial; do runs+=("$tool:$k"); done
+    for k in "" wgmma narrow seesaw wgmma_fp8 scheduled-wgmma scheduled-mma scheduled-seesaw $trial; do runs+=("$tool:$k"); done
   fi
 done
 for r in "${runs[@]}"; do

@@ -34,6 +34,12 @@ fn sanitize_every_kernel_path() {
     packed_seesaw.fixed_splits = Some(2);
     packed_seesaw.window = Some(2500);
     cases.push(packed_seesaw);
+    // 128 single-token heads over 32-key pages, windowed: the seesaw kernel (forced), and with
+    // MLA_SCHEDULE=1 its scheduled variant, whose persistent CTAs walk several pieces each
+    // (the mbarriers set up again between them).
+    let mut wide = Case::new(spec(128, 32, &[3000, 5, 0, 1500, 700], 1, Mask::Causal));
+    wide.window = Some(2000);
+    cases.push(wide);
     let mut single = Case::new(spec(64, 64, &[100, 0], 1, Mask::Causal));
     single.batch_invariant = true;
     cases.push(single);

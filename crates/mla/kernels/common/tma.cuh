@@ -28,6 +28,14 @@ struct TmaParams {
 };
 static_assert(sizeof(TmaParams) == 384, "TmaParams must match src/backend/cuda/params.rs");
 
+/// The argument of the scheduled variant of a TMA kernel (decode_seesaw): the schedule's
+/// parameters (params.cuh) and the cache's tensor map.
+struct TmaScheduleParams {
+    ScheduleParams s;
+    TensorMap kv_map;
+};
+static_assert(sizeof(TmaScheduleParams) == 384 + 64, "TmaScheduleParams must match src/backend/cuda/params.rs");
+
 /// Sets up an mbarrier at shared address `bar` expecting `count` arrivals a phase.
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
@@ -35,6 +43,11 @@ __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
 /// Makes the initialized mbarriers visible to the async proxy (the TMA unit) and other threads.
 __device__ __forceinline__ void mbar_fence_init() {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+/// Ends an mbarrier's life (every phase complete, nobody waiting), so that its place may be
+/// set up again (mbar_init).
+__device__ __forceinline__ void mbar_inval(u32 bar) {
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
 /// One arrival that also tells the barrier to expect `bytes` more of asynchronous copies.
 __device__ __forceinline__ void mbar_expect_bytes(u32 bar, u32 bytes) {

@@ -86,7 +86,8 @@ constexpr int CHUNK_BYTES = BN * 128;    // a chunk of a tile (or of q, or P), s
 constexpr int TILE_BYTES = CHUNKS * CHUNK_BYTES;
 constexpr int STAT_BYTES = 5 * M * 4;    // running max, the two rescales, the two row sums
 constexpr int BAR_BYTES = (2 * CHUNKS + 5) * 8;  // a chunk's of each stage, 4 hand-overs, the sums'
-constexpr int RANGE_BYTES = PACK ? (M + 1) * 8 : 0;  // packed: each row's keys, then the common ones
+// Packed: each row's keys, then the common ones; scheduled: the piece's job, slot and splits.
+constexpr int RANGE_BYTES = PACK ? (M + 1) * 8 : MLA_SCHED ? 16 : 0;
 constexpr int ALIGN = 1024;
 constexpr float LN2 = 0.69314718055994530942f;
 
@@ -112,6 +113,9 @@ struct Smem {
     /// Packed: the keys tile row r sees (start, end), and at r = M the keys every row sees,
     /// written once before the loop.
     __device__ u32 range(int r) const { return bar(2, 5) + 8 * r; }
+    /// Scheduled: the piece's job, slot and split count, for the epilogue (no register is
+    /// left to keep them across the loop).
+    __device__ u32 piece() const { return bar(2, 5); }
     /// The same addresses, computed afresh where they are used (see the file's note).
     __device__ Smem fresh() const { return Smem{opaque_u32(base)}; }
 };
@@ -154,8 +158,8 @@ using Rows = CtaRows<PACK, M>;
 
 /// q of the CTA's rows (padding rows zero), swizzled, by every thread (cp.async, one commit
 /// group).
-__device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, const Rows& rows) {
-    copy_q<M, L, D, THREADS>(p, sm.q(), threadIdx.x, [&](int r, int& q_row, int& head) {
+__device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, const Rows& rows, int tid) {
+    copy_q<M, L, D, THREADS>(p, sm.q(), tid, [&](int r, int& q_row, int& head) {
         q_row = rows.row(r);
         head = rows.head(r);
         return rows.real(r, p);
@@ -217,9 +221,10 @@ struct Box {
 /// bytes. The whole warp calls it; lane b copies box b of each chunk, so that no lane gathers
 /// the tile's block ids (registers the kernel lacks).
 template <int C0, int C1, bool ROT>
-__device__ __forceinline__ void issue(const TmaParams& tp, const Smem& sm, int st, const TileBoxes& boxes,
+__device__ __forceinline__ void issue(const DecodeParams& p, const TensorMap* map, const Smem& sm, int st,
+                                      const TileBoxes& boxes,
                                       const Box& box, int lane) {
-    const int block = box.block(tp.d);
+    const int block = box.block(p);
     if (lane == 0) {
 #pragma unroll
         for (int c = C0; c < C1 + (ROT ? 1 : 0); ++c) mbar_expect_bytes(sm.bar(st, c < C1 ? c : ROTARY), CHUNK_BYTES);
@@ -229,7 +234,7 @@ __device__ __forceinline__ void issue(const TmaParams& tp, const Smem& sm, int s
 #pragma unroll
         for (int c = C0; c < C1 + (ROT ? 1 : 0); ++c) {
             const int chunk = c < C1 ? c : ROTARY;
-            tma_load_3d(sm.k(st) + chunk * CHUNK_BYTES + lane * boxes.box * 128, &tp.kv_map, sm.bar(st, chunk),
+            tma_load_3d(sm.k(st) + chunk * CHUNK_BYTES + lane * boxes.box * 128, map, sm.bar(st, chunk),
                         chunk * 64, box.slot, block);
         }
     }
@@ -458,16 +463,45 @@ __device__ __forceinline__ void zero_outside(u32 tile, int c0, int first, const 
 
 }  // namespace
 
-// One CTA per SM: the outputs take 128 registers a thread and the tiles 216 KB.
-extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const __grid_constant__ TmaParams tp) {
-    const DecodeParams& p = tp.d;
-    allow_dependent_launch();  // the combine may start launching (it waits for our writes)
+namespace {
+
+/// The CTA's shared memory, aligned for the 128-byte swizzle.
+__device__ __forceinline__ Smem shared_layout() {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const Smem sm0{(smem_addr(smem_raw) + ALIGN - 1) & ~(u32)(ALIGN - 1)};
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = warp / 4, wt = tid % 128;
+    return Smem{(smem_addr(smem_raw) + ALIGN - 1) & ~(u32)(ALIGN - 1)};
+}
+
+/// The mbarriers set up (by one thread; a barrier publishes them): a chunk's of each stage
+/// (one arrival, the issuing lane's, and the copies' bytes), the four hand-overs (128
+/// arrivals: a warpgroup's threads) and the row sums' exchange (every thread).
+__device__ __forceinline__ void init_barriers(const Smem& sm) {
+    for (int st = 0; st < 2; ++st) {
+        for (int c = 0; c < CHUNKS; ++c) mbar_init(sm.bar(st, c), 1);
+    }
+    for (int k = 1; k <= 4; ++k) mbar_init(sm.hand(k), 128);
+    mbar_init(sm.sums_ready(), THREADS);
+    mbar_fence_init();
+}
+
+/// The scheduled variant, after a piece (every thread past its last wait, no copy in
+/// flight): the mbarriers set up again, so that the next piece starts at phase 0.
+__device__ __forceinline__ void reset_barriers(const Smem& sm) {
+    for (int st = 0; st < 3; ++st) {
+        for (int c = 0; c < (st < 2 ? CHUNKS : 5); ++c) mbar_inval(sm.bar(st, c));
+    }
+    init_barriers(sm);
+}
+
+/// One piece of work (common/schedule.cuh): on the split grid the CTA's whole split, on the
+/// scheduled grid one of the pieces on its stretch.
+__device__ __forceinline__ void decode_piece(const DecodeParams& p, const TensorMap* map, const Smem& sm0,
+                                             const Piece& pc) {
+    // Scheduled, the thread's index is made opaque each piece: else the compiler keeps what
+    // the prologue derives from it live across the whole walk (spills).
+    const int tid = MLA_SCHED ? (int)opaque_u32(threadIdx.x) : (int)threadIdx.x;
+    const int lane = tid % 32, warp = tid / 32, wg = warp / 4, wt = tid % 128;
     const int r0 = 16 * (warp % 4) + lane / 4;  // this thread's rows: r0 and r0 + 8
     const bool issuer = warp % 4 == 0;          // the warp of its warpgroup that issues copies
-    const Piece pc = grid_piece(p);
     const Rows rows(p, pc.job);
     const int req = rows.req;
     const int len = request_len(p, req, tid == 0 && pc.split == 0);
@@ -476,23 +510,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
     const TokensKeys cta = rows.keys(p, len, pc);
     const KeyRange keys = cta.keys;
     if (keys.start >= keys.end) {
-        rows.write_empty_piece<THREADS, L>(p, pc);  // stage 2 gives an empty split no weight
+        // Stage 2 gives an empty split no weight (a scheduled piece has keys).
+        if (pc.splits == 1 || !MLA_SCHED) rows.write_empty_piece<THREADS, L>(p, pc);
         return;
     }
     const int first0 = keys.start - keys.start % BN;
     const int tiles = (keys.end - first0 + BN - 1) / BN;
 
     // q, the mbarriers, then the first two tiles' copies while q lands.
-    load_q(p, sm0, rows);
-    if (tid == 0) {
-        for (int st = 0; st < 2; ++st) {
-            for (int c = 0; c < CHUNKS; ++c) mbar_init(sm0.bar(st, c), 1);
-        }
-        for (int k = 1; k <= 4; ++k) mbar_init(sm0.hand(k), 128);
-        mbar_init(sm0.sums_ready(), THREADS);
-
-        mbar_fence_init();
-    }
+    load_q(p, sm0, rows, tid);
+    if (!MLA_SCHED && tid == 0) init_barriers(sm0);  // scheduled: set up before the first piece
     __syncthreads();
     // The issuing lanes' boxes of tiles 0 and 1, then (two tiles a step) of t0 + 2 and t0 + 3.
     const TileBoxes boxes(p.page_size);
@@ -500,7 +527,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
     if (warp == 0) {
         for (int t = 0; t < 2 && t < tiles; ++t) {
             box[t].read(p, req, first0 + t * BN, boxes, keys, lane);
-            issue<0, CHUNKS, false>(tp, sm0, t, boxes, box[t], lane);
+            issue<0, CHUNKS, false>(p, map, sm0, t, boxes, box[t], lane);
         }
     }
     cp_async_wait_group<0>();
@@ -520,6 +547,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
     if (PACK && tid == 0) {
         st_shared_u32(sm0.range(M), (u32)cta.common.start);
         st_shared_u32(sm0.range(M) + 4, (u32)cta.common.end);
+    }
+    if (MLA_SCHED && tid == 0) {
+        st_shared_u32(sm0.piece(), (u32)pc.job);
+        st_shared_u32(sm0.piece() + 4, (u32)pc.slot);
+        st_shared_u32(sm0.piece() + 8, (u32)pc.splits);
     }
     __syncthreads();
 
@@ -574,7 +606,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
             wgmma_wait<0>();
             trace(sm, step, 2);
             // K0's first half is read (S0, P0 V00): tile t0 + 2's copies.
-            if (issuer && more) issue<0, HALF, false>(tp, sm, 0, boxes, box[0], lane);
+            if (issuer && more) issue<0, HALF, false>(p, map, sm, 0, boxes, box[0], lane);
             float b[2] = {1.0f, 1.0f};
             if (has1) {
                 mbar_wait(sm.hand(2), parity);  // m1, 2^(m0 - m1)
@@ -609,7 +641,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
                     wgmma_wait<1>();
                     trace(sm, step, 6);
                     // K1's first half is read (S1, P1 V10): tile t1 + 2's copies.
-                    if (issuer && more1) issue<0, HALF, false>(tp, sm, 1, boxes, box[1], lane);
+                    if (issuer && more1) issue<0, HALF, false>(p, map, sm, 1, boxes, box[1], lane);
                     scores<HALF, CHUNKS, true>(s, sm, 0, parity ^ 1);
                     wgmma_commit();
                 }
@@ -665,12 +697,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
                 wgmma_wait<1>();
                 trace(sm, step, 4);
                 // K1's second half and rotary chunk are read (S1, P1 V11): tile t1 + 2's copies.
-                if (issuer && more1) issue<HALF, 2 * HALF, true>(tp, sm, 1, boxes, box[1], lane);
+                if (issuer && more1) issue<HALF, 2 * HALF, true>(p, map, sm, 1, boxes, box[1], lane);
             }
             wgmma_wait<0>();
             trace(sm, step, 5);
             // K0's second half and P0 (in its rotary chunk) are read: tile t0 + 2's copies.
-            if (issuer && more) issue<HALF, 2 * HALF, true>(tp, sm, 0, boxes, box[0], lane);
+            if (issuer && more) issue<HALF, 2 * HALF, true>(p, map, sm, 0, boxes, box[0], lane);
             if (more1) {
                 // K1's second half first: warpgroup 0 copies its first half only once P1 V10 is
                 // done. (Its first chunk alone: the trace's point 6 is when it landed.)
@@ -688,7 +720,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
     // Both warpgroups' outputs and sums are relative to the last running max: the sums add.
     const Smem sm = sm0.fresh();
     // The rows again (packed, their five integers are not kept live across the loop).
-    const Rows out_rows = PACK ? Rows(p, (int)opaque_u32(pc.job)) : rows;
+    // Scheduled, the piece again (its job, slot and splits) from shared memory.
+    Piece out_pc = pc;
+    if (MLA_SCHED) {
+        out_pc.job = (int)ld_shared_u32(sm.piece());
+        out_pc.slot = (int)ld_shared_u32(sm.piece() + 4);
+        out_pc.splits = (int)ld_shared_u32(sm.piece() + 8);
+    }
+    const Rows out_rows = PACK || MLA_SCHED ? Rows(p, MLA_SCHED ? out_pc.job : (int)opaque_u32(pc.job)) : rows;
 #ifdef MLA_EXP_TRACE
     __syncthreads();
     if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
@@ -713,7 +752,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
     mbar_wait(sm.sums_ready(), 0);
     // The outputs through shared memory (the tiles are free: every thread is past its loop),
     // then whole rows out; the same mbarrier's next phase says every row is staged.
-    const StagedRows<BF16, L> out{sm.q(), pc.splits > 1};
+    const StagedRows<BF16, L> out{sm.q(), out_pc.splits > 1};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = r0 + 8 * h;
@@ -724,7 +763,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
         // A packed row with no key in the split (sum 0, max -inf): o = 0 and lse = -inf.
         if (wg == 0 && lane % 4 == 0 && out_rows.real(r, p)) {
             const int q_row = out_rows.row(r), head = out_rows.head(r);
-            store_lse(p, grid_at(p, q_row, head), q_row, head, (ld_shared_f32(sm.max(r)) + log2_approx(sum)) * LN2);
+            store_lse(p, piece_at(p, out_pc, M, r, q_row, head), q_row, head, (ld_shared_f32(sm.max(r)) + log2_approx(sum)) * LN2);
         }
     }
     mbar_arrive(sm.sums_ready());
@@ -732,7 +771,34 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const
     out.store<M, THREADS>(p, tid, [&](int r, i64& at, int& q_row, int& head) {
         q_row = out_rows.row(r);
         head = out_rows.head(r);
-        at = grid_at(p, q_row, head);
+        at = piece_at(p, out_pc, M, r, q_row, head);
         return out_rows.real(r, p);
     });
+    if (MLA_SCHED) {
+        __syncthreads();  // every thread past its last wait on the mbarriers
+        if (tid == 0) reset_barriers(sm);
+    }
 }
+
+}  // namespace
+
+// One CTA per SM: the outputs take 128 registers a thread and the tiles 216 KB.
+#if MLA_SCHED
+// Scheduled (grid: CTAs x head blocks): CTA (c, y) walks its stretch of the cost line for
+// head block y, a piece per job it touches (common/schedule.cuh), the mbarriers set up
+// before the first piece and again after each.
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    mla_decode_seesaw(const __grid_constant__ TmaScheduleParams tp) {
+    allow_dependent_launch();  // the combine may start launching (it waits for our writes)
+    wait_for_previous_grid();  // the scheduler's integers (a programmatic dependent launch on sm_90)
+    const Smem sm = shared_layout();
+    if (threadIdx.x == 0) init_barriers(sm);
+    __syncthreads();
+    walk_pieces(tp.s, (tp.s.d.heads + M - 1) / M, [&](const Piece& pc) { decode_piece(tp.s.d, &tp.kv_map, sm, pc); });
+}
+#else
+extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_seesaw(const __grid_constant__ TmaParams tp) {
+    allow_dependent_launch();  // the combine may start launching (it waits for our writes)
+    decode_piece(tp.d, &tp.kv_map, shared_layout(), grid_piece(tp.d));
+}
+#endif

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaStream};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
-use super::params::{DecodeParams, ScheduleParams, TensorMap, TmaParams};
+use super::params::{DecodeParams, ScheduleParams, TensorMap, TmaParams, TmaScheduleParams};
 use crate::error::{Error, Result};
 
 /// Whether libnvrtc can be loaded (cudarc panics on first use otherwise). Enough to compile.
@@ -158,6 +158,10 @@ unsafe impl KernelParams for TmaParams {}
 // offsets asserted in params.rs and the kernel); its output pointers are device buffers of
 // the lengths the kernel writes (`CudaBackend::schedule`).
 unsafe impl KernelParams for ScheduleParams {}
+// SAFETY: the mirror of `struct TmaScheduleParams` in kernels/common/tma.cuh (size and
+// offset asserted in params.rs and the kernel): a ScheduleParams as above and the tensor map
+// of the cache of its `d`.
+unsafe impl KernelParams for TmaScheduleParams {}
 
 /// A 3-D tensor in global memory as the TMA unit reads it: `dims` (innermost first) with
 /// `strides` in bytes for dims 1 and 2 (multiples of 16), copied in boxes of `boxes`

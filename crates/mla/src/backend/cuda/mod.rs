@@ -243,14 +243,12 @@ impl CudaBackend {
         })?;
         // Asked for (the configuration, or the environment over it), where the configuration
         // allows it (ValidConfig::schedules_if), by a kernel that can. The scheduled decodes
-        // are the decoder's own kernel's: the seesaw kernel and the wgmma kernel's fp8 twin
-        // have no scheduled variant (nor, on such a decoder, does its packed tokens take the
-        // seesaw kernel).
+        // are those of the kernel `Stage1::launch` picks (the decoder's own or the seesaw
+        // kernel, which have scheduled variants); the wgmma kernel's fp8 twin has none, so a
+        // scheduling decoder does without it.
         let asked = registry::schedule_from_env().unwrap_or(cfg.schedule);
         self.schedule = cfg.schedules_if(asked) && stage1.decode.schedulable();
         if self.schedule {
-            stage1.seesaw = None;
-            stage1.packed_seesaw = None;
             stage1.fp8 = None;
         }
         self.chosen = Some(ConfigKernels {
@@ -318,10 +316,15 @@ impl CudaBackend {
         }
         if self.schedule {
             self.kernel(registry::schedule_variant())?;
-            self.kernel(Variant {
-                scheduled: true,
-                ..k.stage1.decode
-            })?;
+            for v in [Some(k.stage1.decode), k.stage1.seesaw]
+                .into_iter()
+                .flatten()
+            {
+                self.kernel(Variant {
+                    scheduled: true,
+                    ..v
+                })?;
+            }
             self.kernel(Variant {
                 scheduled: true,
                 ..k.combine
@@ -490,7 +493,15 @@ impl CudaBackend {
             && tokens == 1
             && decode.schedulable()
         {
-            return self.forward_scheduled(plan, params, decode, k.combine, &views, k.pdl);
+            let kv_map = if decode.takes_tensor_map() {
+                Some(
+                    self.kv_maps
+                        .get(tma::MapShape::kv_cache(plan, ptr.kv), tma::MapShape::encode)?,
+                )
+            } else {
+                None
+            };
+            return self.forward_scheduled(plan, params, decode, &views, kv_map);
         }
         // A CTA takes `tokens` query tokens of one request and, of each, a block of heads.
         let ctas = plan.requests

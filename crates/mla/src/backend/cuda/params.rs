@@ -134,6 +134,16 @@ pub struct TmaParams {
     pub kv_map: TensorMap,
 }
 
+/// The argument of the scheduled variant of a stage-1 kernel that copies the keys by TMA (the
+/// seesaw kernel; `struct TmaScheduleParams` in `kernels/common/tma.cuh`): the schedule's
+/// parameters, then the cache's tensor map at the next 64-byte boundary.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct TmaScheduleParams {
+    pub s: ScheduleParams,
+    pub kv_map: TensorMap,
+}
+
 /// The argument of the scheduler kernel and of the scheduled stage-1 and combine kernels
 /// (`struct ScheduleParams` in `kernels/params.cuh`): the decode's parameters, the schedule's
 /// shape and where its i32 arrays go.
@@ -191,5 +201,8 @@ mod tests {
         assert_eq!(size_of::<TmaParams>(), 384);
         assert_eq!(offset_of!(TmaParams, kv_map), 256);
         assert_eq!(std::mem::align_of::<TensorMap>(), 64);
+        // static_assert(sizeof(TmaScheduleParams) == 384 + 64) in kernels/common/tma.cuh.
+        assert_eq!(size_of::<TmaScheduleParams>(), 448);
+        assert_eq!(offset_of!(TmaScheduleParams, kv_map), 320);
     }
 }

@@ -248,7 +248,7 @@ impl Variant {
     pub fn schedulable(&self) -> bool {
         match self.family {
             Family::DecodeMma => true,
-            Family::DecodeWgmma => !self.packed,
+            Family::DecodeWgmma | Family::DecodeSeesaw => !self.packed,
             _ => false,
         }
     }
@@ -333,10 +333,14 @@ impl Variant {
                 // running max, two rescales, two row sums), and mbarriers: one a chunk of each
                 // stage, one for each of the four hand-overs between the warpgroups and one for
                 // the row sums' exchange at the end; packed, each row's keys and the keys every
-                // row sees (two i32 each).
+                // row sees (two i32 each); scheduled, the piece's job, slot and splits.
                 let t = WGMMA_TILE;
                 let d = self.kv_lora_rank + self.rope_dim;
-                let ranges = if self.packed { (t + 1) * 8 } else { 0 };
+                let ranges = match (self.packed, self.scheduled) {
+                    (true, _) => (t + 1) * 8,
+                    (false, true) => 16,
+                    (false, false) => 0,
+                };
                 return 1024
                     + 3 * t * d * 2
                     + t * t * 2
@@ -941,7 +945,11 @@ pub fn all_variants(smem_limit: usize, wgmma: bool) -> Vec<Variant> {
                 out.push(v);
             }
             if wgmma && let Some(v) = seesaw_variant(shape, smem_limit) {
-                out.extend([v, Variant { packed: true, ..v }]);
+                let scheduled = Variant {
+                    scheduled: true,
+                    ..v
+                };
+                out.extend([v, scheduled, Variant { packed: true, ..v }]);
             }
             if wgmma && let Some(v) = wgmma_fp8_variant(shape, smem_limit) {
                 out.push(v);
@@ -1486,10 +1494,20 @@ mod tests {
             ),
             (256, 64, 64, 1)
         );
-        assert!(v.takes_tensor_map() && !v.schedulable());
+        // It has a scheduled variant (its packed one does not: packed jobs are not the
+        // schedule's single tokens).
+        assert!(v.takes_tensor_map() && v.schedulable());
+        assert!(!Variant { packed: true, ..v }.schedulable());
         // 1 KB slack, q and two stages of 64 x 576, P1 (64 x 64), five rows of 64 floats,
-        // 23 mbarriers: within the 227 KB a block may take on sm_90a.
+        // 23 mbarriers: within the 227 KB a block may take on sm_90a; scheduled, 16 bytes
+        // more (the piece's job, slot and split count, for the epilogue).
         assert_eq!(v.smem_bytes(), 1024 + 3 * 73_728 + 8_192 + 1_280 + 184);
+        let scheduled = Variant {
+            scheduled: true,
+            ..v
+        };
+        assert_eq!(scheduled.smem_bytes(), v.smem_bytes() + 16);
+        assert!(scheduled.defines().contains(&"-DMLA_SCHED=1".to_string()));
         assert!(v.smem_bytes() <= 232_448);
         assert!(seesaw_variant(bf16(KvFormat::Bf16), 200_000).is_none());
         let other_rope = KernelShape {
@@ -1506,7 +1524,7 @@ mod tests {
                 .filter(|v| v.family == s)
                 .count()
         };
-        assert_eq!((count(true), count(false)), (4, 0));
+        assert_eq!((count(true), count(false)), (6, 0));
     }
 
     #[test]

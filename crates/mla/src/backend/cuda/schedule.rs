@@ -5,7 +5,7 @@
 //! (`plan::schedule::Schedule::build`).
 
 use super::combine::CombineShape;
-use super::params::{DecodeParams, ScheduleParams};
+use super::params::{DecodeParams, ScheduleParams, TensorMap, TmaScheduleParams};
 use super::registry::Variant;
 use super::{CudaBackend, address, ffi, registry};
 use crate::error::{Error, Result};
@@ -24,19 +24,25 @@ impl CudaBackend {
     /// Launches a single-token decode on the device-computed schedule: the scheduler kernel
     /// (from the device's lengths; its jobs are the rows), the scheduled stage-1 variant of
     /// `decode` (persistent: a CTA per stretch of the cost line and head block, walking its
-    /// pieces) and the scheduled `combine`, which merges the rows cut in pieces.
+    /// pieces) and the scheduled variant of the decoder's combine, which merges the rows cut
+    /// in pieces.
     /// `views`: the plan's scheduled workspace (partials, LSEs, the schedule's integers, and
-    /// the SM count they were sized for). With `pdl` the decode and the combine are
-    /// programmatic dependent launches (each waits for the kernel before it).
+    /// the SM count they were sized for). `kv_map`: the cache's tensor map, for a `decode`
+    /// that copies the keys by TMA (the seesaw kernel). Where the decoder uses programmatic
+    /// dependent launches, the decode and the combine are (each waits for the kernel before
+    /// it).
     pub(super) fn forward_scheduled(
         &mut self,
         plan: &DecodePlan,
         params: DecodeParams,
         decode: Variant,
-        combine: Variant,
         views: &ScheduledViews,
-        pdl: bool,
+        kv_map: Option<TensorMap>,
     ) -> Result<()> {
+        let (combine, pdl) = {
+            let k = self.chosen()?;
+            (k.combine, k.pdl)
+        };
         let g = ScheduledGrid::new(
             plan.rows,
             plan.heads,
@@ -93,15 +99,14 @@ impl CudaBackend {
             ..decode
         };
         let f = self.kernel(v)?.clone();
-        ffi::launch_with(
-            &st,
-            &f,
-            grid,
-            (v.threads(), 1),
-            v.smem_bytes() as u32,
-            &sp,
-            pdl,
-        )?;
+        let (block, smem) = ((v.threads(), 1), v.smem_bytes() as u32);
+        match kv_map {
+            Some(kv_map) => {
+                let with_map = TmaScheduleParams { s: sp, kv_map };
+                ffi::launch_with(&st, &f, grid, block, smem, &with_map, pdl)?;
+            }
+            None => ffi::launch_with(&st, &f, grid, block, smem, &sp, pdl)?,
+        }
         let v = Variant {
             scheduled: true,
             ..combine
