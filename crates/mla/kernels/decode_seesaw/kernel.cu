@@ -461,10 +461,6 @@ __device__ __forceinline__ void zero_outside(u32 tile, int c0, int first, const 
     fence_proxy_async();
 }
 
-}  // namespace
-
-namespace {
-
 /// The CTA's shared memory, aligned for the 128-byte swizzle.
 __device__ __forceinline__ Smem shared_layout() {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -486,9 +482,7 @@ __device__ __forceinline__ void init_barriers(const Smem& sm) {
 /// The scheduled variant, after a piece (every thread past its last wait, no copy in
 /// flight): the mbarriers set up again, so that the next piece starts at phase 0.
 __device__ __forceinline__ void reset_barriers(const Smem& sm) {
-    for (int st = 0; st < 3; ++st) {
-        for (int c = 0; c < (st < 2 ? CHUNKS : 5); ++c) mbar_inval(sm.bar(st, c));
-    }
+    for (int i = 0; i < BAR_BYTES / 8; ++i) mbar_inval(sm.bar(0, 0) + 8 * i);
     init_barriers(sm);
 }
 
