@@ -57,6 +57,9 @@
  *                 (multi-token decodes of few heads: one read of the keys for every token),
  *                 each row masked to its own token's keys, which shared memory holds for the
  *                 masked tiles (registers have no room for them)
+ *   MLA_SCHED     1 (unpacked only): the argument is a TmaScheduleParams, the grid (CTAs, head
+ *                 blocks); each persistent CTA walks the device schedule's pieces
+ *                 (common/schedule.cuh), the mbarriers set up again after each piece
  * Kernel-development switches (MLA_EXTRA_DEFINES, never in a shipped build): MLA_EXP_TRACE
  * prints, for CTA (0, 0), when each warpgroup reached 8 points of steps 8 to 15 (SM clock;
  * `trace` says which).
