@@ -96,6 +96,7 @@ constexpr float LN2 = 0.69314718055994530942f;
 
 static_assert(L == 512 && D == L + 64, "L = 512 and one rotary chunk (R = 64)");
 static_assert(CHUNKS == 2 * HALF + 1, "value chunks split between the warpgroups, then the rotary one");
+static_assert(!(MLA_SCHED && PACK), "the schedule's jobs are single tokens (and range() and piece() share a place)");
 
 /// The CTA's shared memory as 32-bit shared addresses.
 struct Smem {
@@ -317,44 +318,30 @@ struct MaskedSeen {
     }
 };
 
-/// An unmasked tile (inside every row's keys): every score is a key of its row.
+/// An unmasked tile (inside every row's keys): every score is a key of its row. The masks
+/// (MaskedSeen) only on the others, behind a uniform branch: their compares and selects cost a
+/// softmax more than its arithmetic.
 struct AllSeen {
     __device__ bool operator()(int) const { return true; }
 };
-
-/// Calls `F::of(seen, args...)` with the tile's seen scores: AllSeen where the tile is `inside`
-/// every row's keys, the masks (a uniform branch) only on the others: their compares and
-/// selects cost a softmax more than its arithmetic. (A generic lambda would do, but NVRTC
-/// takes one for host code.)
-template <typename F, typename... Args>
-__device__ __forceinline__ void with_seen(bool inside, int first, const KeyRange& keys, const Smem& sm, int r0,
-                                          int lane, Args&&... args) {
-    if (inside) {
-        F::of(AllSeen{}, args...);
-    } else {
-        F::of(MaskedSeen(first, keys, sm, r0, lane), args...);
-    }
-}
 
 /// This thread's two rows' maxima of the raw scores of the tile from `first` over the keys
 /// it sees (over the quad). The scores are only read: warpgroup 1 computes this while a wgmma
 /// of its is in flight, and a write to an accumulator register then would make ptxas
 /// serialize the wgmma (its C7515).
-struct TileMax {
-    template <typename Seen>
-    __device__ static void of(const Seen& seen, const float (&s)[32], float (&mx)[2]) {
-        // Two chains a row, so that 16 dependent maxima are 8.
-        float c[4];
+template <typename Seen>
+__device__ __forceinline__ void tile_max_of(const Seen& seen, const float (&s)[32], float (&mx)[2]) {
+    // Two chains a row, so that 16 dependent maxima are 8.
+    float c[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) c[j] = bits_to_float(0xff800000u);
+    for (int j = 0; j < 4; ++j) c[j] = bits_to_float(0xff800000u);
 #pragma unroll
-        for (int i = 0; i < 32; ++i) {
-            if (seen(i)) c[i % 4] = fmaxf(c[i % 4], s[i]);
-        }
-        mx[0] = quad_max(fmaxf(c[0], c[1]));
-        mx[1] = quad_max(fmaxf(c[2], c[3]));
+    for (int i = 0; i < 32; ++i) {
+        if (seen(i)) c[i % 4] = fmaxf(c[i % 4], s[i]);
     }
-};
+    mx[0] = quad_max(fmaxf(c[0], c[1]));
+    mx[1] = quad_max(fmaxf(c[2], c[3]));
+}
 
 /// This thread's rows' running max `m` moved past the tile from `first` (m_new = max(m, its
 /// scores' max times the scale, which is positive)), and the factors 2^(m - m_new) that
@@ -364,7 +351,11 @@ __device__ __forceinline__ void next_max(const float (&s)[32], float (&m)[2], fl
                                          bool inside, const KeyRange& keys, const Smem& sm, int r0, float sc,
                                          int lane) {
     float mx[2];
-    with_seen<TileMax>(inside, first, keys, sm, r0, lane, s, mx);
+    if (inside) {
+        tile_max_of(AllSeen{}, s, mx);
+    } else {
+        tile_max_of(MaskedSeen(first, keys, sm, r0, lane), s, mx);
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const float m_new = fmaxf(m[h], mx[h] * sc);
@@ -393,33 +384,35 @@ __device__ __forceinline__ void publish_max(const Smem& sm, int wg, const float 
 /// (i % 2)), the unrounded values added to the row sums `l`. Every row's m is finite on an
 /// unmasked tile (each holds a key of every row); on a masked one a packed row's m may still be
 /// -inf, its P then 0 by the mask.
-struct Exponentiate {
-    template <typename Seen>
-    __device__ static void of(const Seen& seen, const float (&s)[32], float sc, const float (&m)[2], float (&l)[2],
-                              u32 (&pb)[16]) {
-        const auto p_of = [&](int j, int h) {
-            const float p = exp2_approx(fmaf(s[j], sc, -m[h]));
-            return seen(j) ? p : 0.0f;
-        };
+template <typename Seen>
+__device__ __forceinline__ void exponentiate_of(const Seen& seen, const float (&s)[32], float sc, const float (&m)[2],
+                                                float (&l)[2], u32 (&pb)[16]) {
+    const auto p_of = [&](int j, int h) {
+        const float p = exp2_approx(fmaf(s[j], sc, -m[h]));
+        return seen(j) ? p : 0.0f;
+    };
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int h = i % 2;
-                const float p0 = p_of(8 * kk + 2 * i, h);
-                const float p1 = p_of(8 * kk + 2 * i + 1, h);
-                l[h] += p0 + p1;
-                pb[4 * kk + i] = pack2<BF16>(p0, p1);
-            }
+        for (int i = 0; i < 4; ++i) {
+            const int h = i % 2;
+            const float p0 = p_of(8 * kk + 2 * i, h);
+            const float p1 = p_of(8 * kk + 2 * i + 1, h);
+            l[h] += p0 + p1;
+            pb[4 * kk + i] = pack2<BF16>(p0, p1);
         }
     }
-};
+}
 
-/// Exponentiate::of, the masks only where the tile is not `inside` every row's keys.
+/// exponentiate_of, the masks only where the tile is not `inside` every row's keys.
 __device__ __forceinline__ void exponentiate(const float (&s)[32], float sc, const float (&m)[2], float (&l)[2],
                                              u32 (&pb)[16], int first, bool inside, const KeyRange& keys,
                                              const Smem& sm, int r0, int lane) {
-    with_seen<Exponentiate>(inside, first, keys, sm, r0, lane, s, sc, m, l, pb);
+    if (inside) {
+        exponentiate_of(AllSeen{}, s, sc, m, l, pb);
+    } else {
+        exponentiate_of(MaskedSeen(first, keys, sm, r0, lane), s, sc, m, l, pb);
+    }
 }
 
 /// exponentiate's P times a (row r0) and b (row r0 + 8), rounded again, unless both are 1.
@@ -716,15 +709,15 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
 
     // Both warpgroups' outputs and sums are relative to the last running max: the sums add.
     const Smem sm = sm0.fresh();
-    // The rows again (packed, their five integers are not kept live across the loop).
-    // Scheduled, the piece again (its job, slot and splits) from shared memory.
+    // The piece and its rows again, not kept live across the loop: scheduled, the piece's job,
+    // slot and splits from shared memory; packed, the rows from the (opaque) job.
     Piece out_pc = pc;
     if (MLA_SCHED) {
         out_pc.job = (int)ld_shared_u32(sm.piece());
         out_pc.slot = (int)ld_shared_u32(sm.piece() + 4);
         out_pc.splits = (int)ld_shared_u32(sm.piece() + 8);
     }
-    const Rows out_rows = PACK || MLA_SCHED ? Rows(p, MLA_SCHED ? out_pc.job : (int)opaque_u32(pc.job)) : rows;
+    const Rows out_rows = MLA_SCHED ? Rows(p, out_pc.job) : PACK ? Rows(p, (int)opaque_u32(pc.job)) : rows;
 #ifdef MLA_EXP_TRACE
     __syncthreads();
     if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) {

@@ -289,8 +289,10 @@ impl SplitRule {
     }
 
     /// The kernel that takes a decode whose splits hold `split_keys` keys, as the backend
-    /// picks it (`backend::cuda::registry::Stage1::launch`): the packed wgmma kernel, the
-    /// narrow kernel, the seesaw kernel on long enough splits, else the decode kernel.
+    /// picks it (`backend::cuda::registry::Stage1::launch`): a packed kernel (the wgmma
+    /// kernel's, or on long splits the seesaw kernel's, with the same grid and tiles: one
+    /// model), the narrow kernel, the seesaw kernel on long enough splits, else the decode
+    /// kernel.
     fn kernel(self, split_keys: usize, query_len: usize, heads: usize) -> Modelled {
         let SplitRule::Fill {
             wgmma,
@@ -366,7 +368,7 @@ impl SplitRule {
 /// The kernel the fill rule models a decode on ([`SplitRule::fill_cost`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Modelled {
-    /// The wgmma kernel's packed variant, this many tokens a CTA.
+    /// A packed variant (the wgmma or the seesaw kernel's), this many tokens a CTA.
     Packed(usize),
     /// The narrow kernel, this many tokens a CTA.
     Narrow(usize),

@@ -488,20 +488,21 @@ impl CudaBackend {
         }
         let (decode, tokens) = k.stage1.launch_for(plan);
         let params = DecodeParams::new(plan, &ptr, tokens);
+        // The cache's tensor map, for the kernels that copy the keys by TMA (either grid).
+        let kv_map = if decode.takes_tensor_map() {
+            Some(
+                self.kv_maps
+                    .get(tma::MapShape::kv_cache(plan, ptr.kv), tma::MapShape::encode)?,
+            )
+        } else {
+            None
+        };
         // The plan has scheduled views only where this backend schedules (`schedules`).
         if let Some(views) = plan.schedule_workspace
             && tokens == 1
             && decode.schedulable()
         {
-            let kv_map = if decode.takes_tensor_map() {
-                Some(
-                    self.kv_maps
-                        .get(tma::MapShape::kv_cache(plan, ptr.kv), tma::MapShape::encode)?,
-                )
-            } else {
-                None
-            };
-            return self.forward_scheduled(plan, params, decode, &views, kv_map);
+            return self.forward_scheduled(plan, params, decode, &views, kv_map, k);
         }
         // A CTA takes `tokens` query tokens of one request and, of each, a block of heads.
         let ctas = plan.requests
@@ -514,16 +515,12 @@ impl CudaBackend {
             .ok_or_else(|| too_big(plan))?;
         let f = self.kernel(decode)?.clone();
         let (grid, block, smem) = ((grid_x, splits), (decode.threads(), 1), decode.smem_bytes());
-        if decode.takes_tensor_map() {
-            let with_map = TmaParams {
-                d: params,
-                kv_map: self
-                    .kv_maps
-                    .get(tma::MapShape::kv_cache(plan, ptr.kv), tma::MapShape::encode)?,
-            };
-            ffi::launch(&self.stream, &f, grid, block, smem as u32, &with_map)?;
-        } else {
-            ffi::launch(&self.stream, &f, grid, block, smem as u32, &params)?;
+        match kv_map {
+            Some(kv_map) => {
+                let with_map = TmaParams { d: params, kv_map };
+                ffi::launch(&self.stream, &f, grid, block, smem as u32, &with_map)?;
+            }
+            None => ffi::launch(&self.stream, &f, grid, block, smem as u32, &params)?,
         }
         if plan.num_kv_splits > 1 {
             let f = self.kernel(k.combine)?.clone();

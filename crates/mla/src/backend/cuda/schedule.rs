@@ -7,7 +7,7 @@
 use super::combine::CombineShape;
 use super::params::{DecodeParams, ScheduleParams, TensorMap, TmaScheduleParams};
 use super::registry::Variant;
-use super::{CudaBackend, address, ffi, registry};
+use super::{ConfigKernels, CudaBackend, address, ffi, registry};
 use crate::error::{Error, Result};
 use crate::plan::schedule::{Cursor, Jobs, Schedule, ScheduledGrid};
 use crate::plan::{DecodePlan, Mask, ScheduledViews};
@@ -28,9 +28,9 @@ impl CudaBackend {
     /// in pieces.
     /// `views`: the plan's scheduled workspace (partials, LSEs, the schedule's integers, and
     /// the SM count they were sized for). `kv_map`: the cache's tensor map, for a `decode`
-    /// that copies the keys by TMA (the seesaw kernel). Where the decoder uses programmatic
-    /// dependent launches, the decode and the combine are (each waits for the kernel before
-    /// it).
+    /// that copies the keys by TMA (the seesaw kernel). `kernels`: the decoder's (its
+    /// combine; with its `pdl`, the decode and the combine are programmatic dependent launches,
+    /// each waiting for the kernel before it).
     pub(super) fn forward_scheduled(
         &mut self,
         plan: &DecodePlan,
@@ -38,11 +38,9 @@ impl CudaBackend {
         decode: Variant,
         views: &ScheduledViews,
         kv_map: Option<TensorMap>,
+        kernels: ConfigKernels,
     ) -> Result<()> {
-        let (combine, pdl) = {
-            let k = self.chosen()?;
-            (k.combine, k.pdl)
-        };
+        let ConfigKernels { combine, pdl, .. } = kernels;
         let g = ScheduledGrid::new(
             plan.rows,
             plan.heads,
