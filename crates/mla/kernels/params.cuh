@@ -67,6 +67,10 @@ static_assert(sizeof(DecodeParams) == 232, "DecodeParams must match src/backend/
 /// block that holds a job's first key.
 constexpr int SCHEDULE_BLOCK = 64;
 
+/// How much longer than the even share a stretch may be to line up with the jobs (1 / this
+/// of it; plan::schedule::ALIGN_SLACK, aligned_share).
+constexpr int SCHEDULE_ALIGN_SLACK = 10;
+
 /// The work schedule of a decode (docs/scheduler.md), computed on the device by
 /// kernels/schedule/kernel.cu, and the argument of the scheduled stage-1 and combine variants
 /// (`MLA_SCHED`), which read it (mirrored by `ScheduleParams` in src/backend/cuda/params.rs).

@@ -29,9 +29,11 @@
  *    is fixed: a row's result does not depend on the run.
  * A row with no key at all gets o = 0 and lse = -inf.
  *
- * Shared memory (dynamic): the staging rows, [8 warps][ROWS][32 lanes] float4 with ROWS =
- * min(BATCH, a warp's splits) on the split grid and BATCH on the schedule (combine.rs counts
- * the same), then, when W > 1, the warps' sums [8][SLICE / 4] float4.
+ * Shared memory (dynamic): the staging rows, [8 warps][ROWS][32 lanes] float4, then, when
+ * W > 1, the warps' sums [8][SLICE / 4] float4. ROWS, the splits a warp stages at once (at
+ * most BATCH): on the split grid min(BATCH, a warp's splits), counted the same by
+ * combine.rs; on the schedule a warp's share of the mean count, the host's choice, which the
+ * kernel reads back from the launch's dynamic shared memory.
  *
  * Scheduled (MLA_SCHED 1: the argument is a ScheduleParams, docs/scheduler.md,
  * common/schedule.cuh): the schedule's job is the row; a row of one split was written by
@@ -110,11 +112,17 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mla_decode_combine(cons
     const int head_blocks = (p.heads + sp.job_rows - 1) / sp.job_rows;
     const i64 first = ((i64)sp.first_slot[row] * head_blocks + head / sp.job_rows) * sp.job_rows + head % sp.job_rows;
     const i64 step = (i64)head_blocks * sp.job_rows;  // from one split's slot to the next
-    const int rows_a_warp = BATCH;
+    // The staging rows a warp has (sized by the host for the mean count: a row with more
+    // takes more batches): what the launch's shared memory holds beyond the sums.
+    const int rows_a_warp =
+        (int)(dynamic_smem_bytes() - (W > 1 ? WARPS * SLICE * 4 : 0)) / (WARPS * 32 * (int)sizeof(f32x4));
 #else
     const int splits = p.num_kv_splits;
     const i64 first = split_slot(p, row, 0, head);  // split s's slot: first + s heads
     const i64 step = p.heads;
+    // combine.rs counts the same (a batch, or all of a warp's splits if fewer): reading it
+    // back from the shared memory's size, as the schedule does, cost 0.3 to 0.5 us a decode
+    // here (1 x 16 x 8192: 14.9 -> 15.4 us, twentieth session).
     const int rows_a_warp = min(BATCH, (splits + W - 1) / W);
 #endif
     const int slot = threadIdx.y * W + w;  // this warp in the CTA
@@ -130,7 +138,8 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mla_decode_combine(cons
             // 1. This warp's splits, rows_a_warp at a time, merged online.
             float m = NO_KEY_LSE, total = 0.0f;  // base 2
             f32x4 acc = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int s0 = w; s0 < splits; s0 += BATCH * W) {
+            // A warp's next batch (the split grid's warps never take two unless full ones).
+            for (int s0 = w; s0 < splits; s0 += (MLA_SCHED ? rows_a_warp : BATCH) * W) {
                 const int n = min(rows_a_warp, (splits - s0 + W - 1) / W);  // this batch's splits
 #pragma unroll 1
                 for (int b = 0; b < n; ++b) {

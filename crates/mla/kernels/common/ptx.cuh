@@ -30,6 +30,13 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
     return a;
 }
 
+/// Bytes of dynamic shared memory the launch gave this CTA.
+__device__ __forceinline__ u32 dynamic_smem_bytes() {
+    u32 n;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
+    return n;
+}
+
 // Experiment (MLA_EXTRA_DEFINES="-DMLA_CP_L2=128"): the L2 prefetch size cp.async asks for on
 // a miss (64, 128 or 256 bytes; 0, the default: none), as CUTLASS's sm_80 copies do. A key
 // row is 1152 (bf16) or 576 (fp8) contiguous bytes read by 16-byte copies.

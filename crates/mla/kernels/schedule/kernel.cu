@@ -7,12 +7,14 @@
  * Jobs: job j = (request * token_blocks + token_block) * head_blocks + head_block, over the
  * union of its tokens' keys (common/rows.cuh), in blocks of 64 keys at multiples of 64. Laid
  * end to end on a cost line (segment_cost, then one unit a block), CTA c takes the stretch
- * [c share, (c + 1) share), share = max(ceil(total / ctas), segment_cost + min_blocks, 1).
+ * [c share, (c + 1) share), share = max(aligned(ceil(total / ctas), the longest job's cost),
+ * segment_cost + min_blocks, 1) (aligned_share below).
  *
  * One CTA of THREADS threads; no step is a serial loop over the jobs: each thread costs its
- * jobs, a block-wide scan (warp shuffles, two barriers) gives the cost line, each thread finds its CTAs' start cursors by
- * binary search over the line, then its jobs' first and last CTAs by binary search over the
- * cursors, and a second scan the jobs' first workspace slots.
+ * jobs, a block-wide scan (warp shuffles, two barriers) gives the cost line, each thread finds
+ * its CTAs' start cursors by binary search over the line, then its jobs' first and last CTAs
+ * by binary search over the cursors, and a second scan the jobs' first workspace slots; all
+ * in shared memory for up to SMEM_JOBS jobs, written out as each is final.
  */
 #include "common/ptx.cuh"
 #include "common/rows.cuh"
@@ -22,9 +24,11 @@ namespace {
 
 constexpr int THREADS = 1024;
 constexpr int BLOCK = SCHEDULE_BLOCK;
-// The binary searches read the cost line and the cursors from shared memory when they fit
-// (a search is a chain of dependent reads: from global memory, a memory latency each).
-constexpr int SMEM_LINE = 4096;  // ints of the cost line (jobs + 1)
+// The cost line, the cursors and the slots live in shared memory when they fit, and go out
+// to global memory once computed: the decode waits for this kernel, and each read back from
+// global memory (a scan's, a binary search's step) is a memory latency on its path (6 us a
+// schedule in Nsight Compute on the H200 when the scans and the line's copy read them back).
+constexpr int SMEM_JOBS = 4096;  // ints of the cost line (jobs + 1) and of the slots (jobs)
 constexpr int SMEM_BEGIN = 2 * 1025;  // ints of the cursors (2 x (CTAs + 1))
 
 /// Exclusive prefix sum of a[0 .. n) in place, by the whole CTA (each thread a contiguous
@@ -67,6 +71,17 @@ __device__ int block_scan(int* a, int n, int* sums) {
     return total;
 }
 
+/// plan::schedule::aligned_share: the even share, or, where one is at most 1 /
+/// SCHEDULE_ALIGN_SLACK longer, a whole number of the longest job's cost or a whole fraction
+/// of it (equal lengths then line up with the stretches).
+__device__ __forceinline__ int aligned_share(int even, int longest) {
+    if (longest == 0 || even == 0) return even;
+    const int candidate =
+        longest >= even ? (longest + longest / even - 1) / (longest / even) : longest * ((even + longest - 1) / longest);
+    const bool near = (long long)candidate * SCHEDULE_ALIGN_SLACK <= (long long)even * (SCHEDULE_ALIGN_SLACK + 1);
+    return near ? candidate : even;
+}
+
 /// Lexicographic order of (job, block) cursors.
 __device__ __forceinline__ bool at_most(int job_a, int block_a, int job_b, int block_b) {
     return job_a < job_b || (job_a == job_b && block_a <= block_b);
@@ -92,33 +107,41 @@ __device__ int cta_of(const int* begin, int ctas, int job, int block) {
 extern "C" __global__ void __launch_bounds__(THREADS) mla_schedule(const ScheduleParams sp) {
     allow_dependent_launch();  // the scheduled decode may start launching (it waits for us)
     __shared__ int sums[32];
-    __shared__ int line_s[SMEM_LINE];
+    __shared__ int line_s[SMEM_JOBS];
     __shared__ int begin_s[SMEM_BEGIN];
+    __shared__ int slot_s[SMEM_JOBS];
+    __shared__ int longest;  // the costliest job's cost
     const DecodeParams& p = sp.d;
     const int jobs = sp.jobs, seg = sp.segment_cost;
     const int pack = p.tokens_per_cta;
     const int token_blocks = (p.query_len + pack - 1) / pack;
 
-    // 1. Each job's cost: its blocks and one segment cost.
+    const bool line_fits = jobs + 1 <= SMEM_JOBS, begin_fits = 2 * (sp.ctas + 1) <= SMEM_BEGIN;
+    int* line = line_fits ? line_s : sp.line;
+    int* begin = begin_fits ? begin_s : sp.begin;
+    int* slots = line_fits ? slot_s : sp.first_slot;
+
+    // 1. Each job's cost: its blocks and one segment cost; the costliest.
+    if (threadIdx.x == 0) longest = 0;
+    __syncthreads();
+    int my_longest = 0;
     for (int j = threadIdx.x; j < jobs; j += THREADS) {
         const int req = j / (token_blocks * sp.head_blocks);
         const int tok0 = (j / sp.head_blocks) % token_blocks * pack;
         const int len = request_len(p, req, false);
         const KeyRange k = tokens_keys(p, len, tok0, min(pack, p.query_len - tok0), 0, 1).keys;
         const int blocks = k.start < k.end ? (k.end + BLOCK - 1) / BLOCK - k.start / BLOCK : 0;
-        sp.line[j] = blocks + seg;
+        line[j] = blocks + seg;
+        my_longest = max(my_longest, blocks + seg);
     }
-    if (threadIdx.x == 0) sp.line[jobs] = 0;
+    atomicMax(&longest, my_longest);
+    if (threadIdx.x == 0) line[jobs] = 0;
     __syncthreads();
-    const int total = block_scan(sp.line, jobs + 1, sums);
-    const int share = max(max((total + sp.ctas - 1) / sp.ctas, seg + sp.min_blocks), 1);
-    const bool line_fits = jobs + 1 <= SMEM_LINE, begin_fits = 2 * (sp.ctas + 1) <= SMEM_BEGIN;
+    const int total = block_scan(line, jobs + 1, sums);
+    const int share = max(max(aligned_share((total + sp.ctas - 1) / sp.ctas, longest), seg + sp.min_blocks), 1);
     if (line_fits) {
-        for (int j = threadIdx.x; j <= jobs; j += THREADS) line_s[j] = sp.line[j];
-        __syncthreads();
+        for (int j = threadIdx.x; j <= jobs; j += THREADS) sp.line[j] = line_s[j];
     }
-    const int* line = line_fits ? line_s : sp.line;
-    int* begin = begin_fits ? begin_s : sp.begin;
     const auto blocks_of = [&](int j) { return line[j + 1] - line[j] - seg; };
 
     // 2. Each CTA's first cursor: the job whose stretch of the line holds c * share (the last
@@ -161,9 +184,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) mla_schedule(const Schedul
         const int first = cta_of(begin, sp.ctas, j, 0), last = cta_of(begin, sp.ctas, j, max(b, 1) - 1);
         sp.first_cta[j] = first;
         sp.splits[j] = last - first + 1;
-        sp.first_slot[j] = last - first + 1;
+        slots[j] = last - first + 1;
     }
     __syncthreads();
-    block_scan(sp.first_slot, jobs, sums);
+    block_scan(slots, jobs, sums);
+    if (line_fits) {
+        for (int j = threadIdx.x; j < jobs; j += THREADS) sp.first_slot[j] = slot_s[j];
+    }
     if (threadIdx.x == 0) *sp.share = share;
 }

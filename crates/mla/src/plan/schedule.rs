@@ -33,6 +33,33 @@ pub const SEGMENT_COST: usize = 2;
 /// short request is not cut into pieces of one block).
 pub const MIN_BLOCKS: usize = 3;
 
+/// How much longer than the even share a stretch may be to line up with the jobs (1 /
+/// ALIGN_SLACK of it): see [`aligned_share`].
+pub const ALIGN_SLACK: usize = 10;
+
+/// The stretch of the cost line a CTA takes: the even share `even`, or, where one is at most
+/// 1 / [`ALIGN_SLACK`] longer, one that lines the stretches up with the jobs when they all
+/// cost the longest job's `longest`: a whole number of such jobs (`longest` below `even`), or
+/// a whole fraction of one. Equal lengths then are cut at the same place in every job, or
+/// not at all, where the even share drifts through them and cuts nearly every job of a
+/// one-wave batch in two (64 x 8192 keys at 128 heads on 132 CTAs: 130 units a job, stretches
+/// of 127); varied lengths keep the even share.
+pub fn aligned_share(even: usize, longest: usize) -> usize {
+    if longest == 0 || even == 0 {
+        return even;
+    }
+    let candidate = if longest >= even {
+        longest.div_ceil(longest / even)
+    } else {
+        longest * even.div_ceil(longest)
+    };
+    if candidate * ALIGN_SLACK <= even * (ALIGN_SLACK + 1) {
+        candidate
+    } else {
+        even
+    }
+}
+
 /// Where a CTA's work starts or ends: block `block` of job `job`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub struct Cursor {
@@ -95,7 +122,10 @@ impl Schedule {
         }
         starts.push(at);
         let total = at;
-        let share = total.div_ceil(ctas).max(segment_cost + min_blocks).max(1);
+        let longest = blocks.iter().map(|&b| b + segment_cost).max().unwrap_or(0);
+        let share = aligned_share(total.div_ceil(ctas), longest)
+            .max(segment_cost + min_blocks)
+            .max(1);
         // The (job, block) position at point x of the line: the job whose stretch holds x
         // (the last one whose start is at most x), and its block there (0 in its fixed cost);
         // past a job's last block, the next job.
@@ -292,6 +322,11 @@ impl ScheduledGrid {
         (self.jobs + self.ctas) * self.head_blocks * self.job_rows
     }
 
+    /// A job's split count on average: its pieces (fewer than jobs + CTAs) over the jobs.
+    pub fn mean_splits(&self) -> usize {
+        (self.jobs + self.ctas).div_ceil(self.jobs.max(1))
+    }
+
     /// Where the schedule's i32 arrays start, in the order the backend lays them out: the
     /// cost line (jobs + 1), the cursors (2 x (CTAs + 1)), first CTAs, split counts, first
     /// slots (jobs each), the share (1).
@@ -335,6 +370,34 @@ mod tests {
         assert!(s.splits.iter().all(|&n| n == 1));
         assert_eq!(s.slots(), 264);
         assert_eq!(s.segments(7, &blocks).len(), 2);
+    }
+
+    #[test]
+    fn equal_lengths_line_up_with_the_stretches() {
+        // One wave at 128 heads: 64 requests x 2 head blocks of 8192 keys (128 blocks, 130
+        // units) on 132 CTAs: the even share (127) cut all 128 jobs; stretches of one job
+        // cut none.
+        let blocks = vec![128; 128];
+        let s = Schedule::build(&blocks, 132, SEGMENT_COST, MIN_BLOCKS);
+        assert_eq!(s.share, 130);
+        assert!(s.splits.iter().all(|&n| n == 1));
+        // Two jobs a CTA (256 jobs of 32 blocks: 34 units, even share 66).
+        let blocks = vec![32; 256];
+        let s = Schedule::build(&blocks, 132, SEGMENT_COST, MIN_BLOCKS);
+        assert_eq!(s.share, 68);
+        assert!(s.splits.iter().all(|&n| n == 1));
+        // Half a job a CTA (64 jobs of 64 blocks: 66 units, even share 32): every job in
+        // exactly two pieces.
+        let blocks = vec![64; 64];
+        let s = Schedule::build(&blocks, 132, SEGMENT_COST, MIN_BLOCKS);
+        assert_eq!(s.share, 33);
+        assert!(s.splits.iter().all(|&n| n == 2));
+        // Varied lengths keep the even share; so do equal ones whose aligned share would be
+        // more than a tenth longer.
+        assert_eq!(aligned_share(127, 130), 130);
+        assert_eq!(aligned_share(100, 300), 100);
+        assert_eq!(aligned_share(8, 66), 8);
+        assert_eq!(aligned_share(60, 0), 60);
     }
 
     #[test]
@@ -388,8 +451,11 @@ mod tests {
                 }
                 prop_assert_eq!(next, blocks[j]);
             }
-            // Each cut adds one split: at most one per CTA boundary.
+            // Each cut adds one split: at most one per CTA boundary. So the grid's mean
+            // (what the combine is sized for) is at least the schedule's.
             prop_assert!(s.slots() < blocks.len() + ctas);
+            let grid = ScheduledGrid { jobs: blocks.len(), head_blocks: 1, ctas, job_rows: 64 };
+            prop_assert!(grid.mean_splits() >= s.slots().div_ceil(blocks.len()));
         }
     }
 

@@ -35,21 +35,26 @@ pub(crate) struct CombineShape {
 
 impl CombineShape {
     /// The shape for `rows` query rows of `heads` heads, outputs `kv_lora_rank` wide (a
-    /// multiple of 128), on `sm_count` SMs. `splits`: the split count of every row (the split
-    /// grid), or None where rows differ (the schedule).
+    /// multiple of 128), on `sm_count` SMs, merging `splits` a row: the split grid's count, or
+    /// on the schedule, where rows differ, their mean (a row with more takes more batches).
+    /// Sizing the schedule's combine for the most a row could have (every CTA's) instead gave
+    /// 8 warps a head that mostly idled, 64 KB of staging a CTA and a grid of several waves:
+    /// 16 to 23 us where the split grid's combine of the same cuts takes 6 (Nsight Compute,
+    /// H200: 8 x 128 x 4096, 64 varlen x 16 x 8192, 64 varlen x 128 x 8192).
     ///
     /// `rows` must fit the grid's x (the plan checks it) and `heads` [`Self::MAX_HEADS`].
     pub fn new(
         rows: usize,
         heads: usize,
         kv_lora_rank: usize,
-        splits: Option<usize>,
+        splits: usize,
         sm_count: usize,
     ) -> CombineShape {
+        let splits = splits.max(1);
         let pairs = (rows * heads).max(1); // (row, head) pairs
         let target_warps = CTAS_PER_SM * sm_count.max(1) * WARPS;
         // Warps a head: one round trip for the row's splits, no more than the GPU holds.
-        let for_splits = splits.map_or(WARPS, |s| s.div_ceil(BATCH));
+        let for_splits = splits.div_ceil(BATCH);
         let mut per_head = for_splits
             .min(target_warps.div_ceil(pairs))
             .clamp(1, WARPS)
@@ -65,8 +70,9 @@ impl CombineShape {
         let want = target_warps.div_ceil(pairs * per_head).clamp(1, most);
         let slices = 1 << want.ilog2();
         let heads_per_cta = WARPS / per_head;
-        // The kernel's `rows_a_warp`: a batch's splits, or all of a warp's if fewer.
-        let staged = splits.map_or(BATCH, |s| s.div_ceil(per_head).clamp(1, BATCH));
+        // The kernel's `rows_a_warp` (it reads it back from the shared memory): a batch's
+        // splits, or all of a warp's if fewer.
+        let staged = splits.div_ceil(per_head).clamp(1, BATCH);
         let sums = if per_head > 1 { WARPS * SLICE * 4 } else { 0 };
         let smem = WARPS * staged * 32 * 16 + sums;
         CombineShape {
@@ -100,33 +106,32 @@ mod tests {
     #[test]
     fn small_batches_with_many_splits_get_more_warps_a_head() {
         // Batch 1, 16 heads, 64 splits: four warps of 16 splits a head, two heads a CTA.
-        let s = CombineShape::new(1, 16, 512, Some(64), H200);
+        let s = CombineShape::new(1, 16, 512, 64, H200);
         assert_eq!(
             (s.grid, s.block, s.smem),
             ((1, 8, 4), (128, 2), 65536 + 4096)
         );
         // 43 splits: three warps would do; a power of two keeps the block whole.
-        assert_eq!(
-            warps_per_head(&CombineShape::new(1, 128, 512, Some(43), H200)),
-            4
-        );
+        assert_eq!(warps_per_head(&CombineShape::new(1, 128, 512, 43, H200)), 4);
         // 8 splits: one warp a head reads them at once; no shared memory.
-        let s = CombineShape::new(1, 16, 512, Some(8), H200);
+        let s = CombineShape::new(1, 16, 512, 8, H200);
         assert_eq!((s.grid, s.block, s.smem), ((1, 2, 4), (32, 8), 8 * 8 * 512));
         // Many rows fill the GPU with one warp a head.
         assert_eq!(
-            warps_per_head(&CombineShape::new(64, 128, 512, Some(64), H200)),
+            warps_per_head(&CombineShape::new(64, 128, 512, 64, H200)),
             1
         );
-        // The schedule (rows differ): as many warps as the GPU holds.
+        // The schedule's mean count: one request over 132 CTAs gets eight warps a head.
+        let s = CombineShape::new(1, 16, 512, 133, H200);
+        assert_eq!((s.block, s.smem), ((256, 1), 65536 + 4096));
+        // 64 x 128 on 66 CTAs a head block: about 3 a row, one warp a head staging 3.
+        let s = CombineShape::new(64, 128, 512, 3, H200);
         assert_eq!(
-            warps_per_head(&CombineShape::new(1, 16, 512, None, H200)),
-            8
+            (s.grid, s.block, s.smem),
+            ((64, 16, 1), (32, 8), 8 * 3 * 512)
         );
-        let s = CombineShape::new(256, 128, 512, None, H200);
-        assert_eq!((s.grid, s.block), ((256, 16, 1), (32, 8)));
         // 32 x 128, 2 splits: one warp a head, two slices a CTA at once.
-        let s = CombineShape::new(32, 128, 512, Some(2), H200);
+        let s = CombineShape::new(32, 128, 512, 2, H200);
         assert_eq!((s.grid, s.block), ((32, 16, 2), (32, 8)));
     }
 
@@ -135,7 +140,7 @@ mod tests {
         for l in [128, 256, 384, 512] {
             for heads in [1, 3, 16, 17, 100, 128, 4096, CombineShape::MAX_HEADS] {
                 for rows in [1, 2, 7, 64] {
-                    for splits in [None, Some(2), Some(17), Some(64), Some(4096)] {
+                    for splits in [1, 2, 17, 64, 4096] {
                         let s = CombineShape::new(rows, heads, l, splits, H200);
                         let (x, y, z) = s.grid;
                         let (tx, ty) = s.block;
@@ -149,8 +154,7 @@ mod tests {
                         assert!(z.is_power_of_two() && z as usize * SLICE <= l, "{what}");
                         // Staging rows for every split a warp takes at once, and the
                         // warps' sums when a head has several.
-                        let per_warp =
-                            splits.map_or(BATCH, |n| n.div_ceil(tx as usize / 32).min(BATCH));
+                        let per_warp = splits.div_ceil(tx as usize / 32).min(BATCH);
                         let sums = if tx > 32 { WARPS * SLICE * 4 } else { 0 };
                         assert_eq!(s.smem as usize, WARPS * per_warp * 512 + sums, "{what}");
                         assert!(s.smem as usize <= CombineShape::MAX_SMEM, "{what}");

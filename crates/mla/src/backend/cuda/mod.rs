@@ -528,7 +528,7 @@ impl CudaBackend {
                 plan.rows,
                 plan.heads,
                 plan.kv_lora_rank,
-                Some(plan.num_kv_splits),
+                plan.num_kv_splits,
                 self.sm_count,
             );
             ffi::launch_with(

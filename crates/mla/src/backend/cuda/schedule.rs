@@ -114,7 +114,7 @@ impl CudaBackend {
             plan.rows,
             plan.heads,
             plan.kv_lora_rank,
-            None,
+            g.mean_splits(),
             self.sm_count,
         );
         ffi::launch_with(&st, &f, shape.grid, shape.block, shape.smem, &sp, pdl)?;
