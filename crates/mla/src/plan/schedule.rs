@@ -373,6 +373,17 @@ mod tests {
     }
 
     #[test]
+    fn the_kernels_mirror_the_schedules_constants() {
+        // kernels/params.cuh restates these for the schedule kernel and the scheduled
+        // decodes (cuda_schedule holds the kernel to this reference on a GPU only).
+        let header = include_str!("../../kernels/params.cuh");
+        assert!(header.contains(&format!("constexpr int SCHEDULE_BLOCK = {BLOCK};")));
+        assert!(header.contains(&format!(
+            "constexpr int SCHEDULE_ALIGN_SLACK = {ALIGN_SLACK};"
+        )));
+    }
+
+    #[test]
     fn equal_lengths_line_up_with_the_stretches() {
         // One wave at 128 heads: 64 requests x 2 head blocks of 8192 keys (128 blocks, 130
         // units) on 132 CTAs: the even share (127) cut all 128 jobs; stretches of one job
