@@ -283,13 +283,7 @@ fn measure(case: &Case, backend: BackendArg, iters: usize, seed: u64) -> mla::Re
 
 /// The random problem of a case.
 fn generate(case: &Case, cache: CacheDtype, seed: u64) -> mla::Result<Problem> {
-    let mut lens = ProblemSpec::lengths(case.batch, case.ctx, case.varlen, seed);
-    // Kernel development (never in a shipped measurement): the requests longest first, the
-    // order in which the GPU then starts the split grid's CTAs (does the longest row's place
-    // in the grid set a varied batch's pace?).
-    if std::env::var_os("MLA_EXP_LONGEST_FIRST").is_some() {
-        lens.sort_unstable_by(|a, b| b.cmp(a));
-    }
+    let lens = ProblemSpec::lengths(case.batch, case.ctx, case.varlen, seed);
     let mut spec = ProblemSpec::new(case.heads, lens);
     spec.page_size = case.page;
     spec.query_len = case.query_len;
