@@ -52,11 +52,19 @@ fn sanitize_every_kernel_path() {
     let mut narrow_packed = Case::new(spec(3, 8, &[700, 2, 95], 3, Mask::Causal));
     narrow_packed.window = Some(150);
     cases.push(narrow_packed);
-    // The narrow kernel's fp8 path: raw chunks converted into a tile of the model dtype.
+    // The narrow kernel's fp8 path (fp8 wgmma on the raw codes, q and P split in two e4m3
+    // terms): 8 heads x 2 tokens, and 16 single-token heads of an f16 model over an e5m2
+    // cache on 16-key pages with several splits.
     let mut s = spec(8, 64, &[900, 5, 130], 2, Mask::Causal)
         .with_format(ModelDtype::Bf16, KvFormat::Fp8E4m3);
     s.k_scale = 0.25;
     cases.push(Case::new(s));
+    let mut narrow_single = Case::new(
+        spec(16, 16, &[1100, 3, 0, 200], 1, Mask::Causal)
+            .with_format(ModelDtype::F16, KvFormat::Fp8E5m2),
+    );
+    narrow_single.fixed_splits = Some(3);
+    cases.push(narrow_single);
     // The wgmma kernel's fp8 twin on Hopper (an fp8 cache under a 16-bit query, 17 heads or
     // more): 128 heads with a k_scale, and 48 heads (a padded tile) x 3 tokens of an f16
     // model over an e5m2 cache on 33-key pages, windowed.

@@ -109,6 +109,10 @@ __device__ __forceinline__ void st_shared_u32x4(u32 addr, u32x4 v) {
     asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                  : "memory");
 }
+/// The low byte of `v` to shared memory at a 32-bit shared address, in program order.
+__device__ __forceinline__ void st_shared_u8(u32 addr, u32 v) {
+    asm volatile("st.shared.u8 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
 /// The low 2 bytes of `v` to shared memory at a 32-bit shared address, in program order.
 __device__ __forceinline__ void st_shared_u16(u32 addr, u32 v) {
     asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"((u16)v) : "memory");

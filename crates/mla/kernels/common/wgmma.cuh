@@ -211,6 +211,50 @@ __device__ __forceinline__ void wgmma_m64n64k32_rs_fp8(float (&d)[32], const u32
 #undef MLA_WGMMA_64_RS_FP8
 }
 
+/// d[64 x 32] (f32, this thread's 16 values) += A[64 x 32] * B[32 x 32] on fp8 codes, both
+/// K-major from shared memory: A in the cache's format (KV_FORMAT 2: e4m3, 3: e5m2), B e4m3.
+/// The narrow kernel's fp8 scores (S^T = K Q^T, q's two e4m3 terms side by side in N).
+/// `accumulate` 0 overwrites d.
+template <int KV_FORMAT>
+__device__ __forceinline__ void wgmma_m64n32k32_fp8(float (&d)[16], u64 desc_a, u64 desc_b, int accumulate) {
+#define MLA_WGMMA_32_FP8(ATYPE)                                                                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                     \
+                 "wgmma.mma_async.sync.aligned.m64n32k32.f32." ATYPE ".e4m3"                        \
+                 " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "      \
+                 "%16, %17, p, 1, 1;\n}\n"                                                          \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),        \
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),      \
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])                            \
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+    if (KV_FORMAT == 3) {
+        MLA_WGMMA_32_FP8("e5m2");
+    } else {
+        MLA_WGMMA_32_FP8("e4m3");
+    }
+#undef MLA_WGMMA_32_FP8
+}
+
+/// d[64 x 16] (f32, this thread's 8 values) += A[64 x 32] * B[32 x 16] on fp8 codes, A from
+/// this thread's registers (the 8-bit A fragment, as wgmma_m64n64k32_rs_fp8) in the cache's
+/// format, B e4m3 K-major from shared memory. The narrow kernel's fp8 values (O^T = V^T P^T).
+/// `a` must not change until the product is waited for; `accumulate` 0 overwrites d.
+template <int KV_FORMAT>
+__device__ __forceinline__ void wgmma_m64n16k32_rs_fp8(float (&d)[8], const u32 (&a)[4], u64 desc_b, int accumulate) {
+#define MLA_WGMMA_16_RS_FP8(ATYPE)                                                                \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                     \
+                 "wgmma.mma_async.sync.aligned.m64n16k32.f32." ATYPE ".e4m3"                        \
+                 " {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"       \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),        \
+                   "+f"(d[6]), "+f"(d[7])                                                        \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
+    if (KV_FORMAT == 3) {
+        MLA_WGMMA_16_RS_FP8("e5m2");
+    } else {
+        MLA_WGMMA_16_RS_FP8("e4m3");
+    }
+#undef MLA_WGMMA_16_RS_FP8
+}
+
 /// d[64 x 256] (f32, this thread's 128 values) += A[64 x 16] * B[16 x 256], both from shared memory
 /// through descriptors; B MN-major (transposed). `accumulate` 0 overwrites d.
 template <bool BF16>

@@ -41,16 +41,30 @@
  * NaN. Pages past the block table or with a bad block id are never read (the box's block
  * coordinate is -1, which the TMA unit fills with zeros; a bad id raises the error flag).
  *
+ * fp8 caches (MLA_KV 2, 3; consume_fp8) run another block: the two consumer warpgroups only
+ * (256 threads, 254 registers: a producer warpgroup would cap every thread at 168, which
+ * spilled), taking alternate tiles, each with its own maxima, sums and O^T of all L columns,
+ * merged at the end; each warpgroup's warp 0 issues its own tiles' copies (issue_tile) into
+ * a ring of TILE_GROUPS whole tiles with an mbarrier pair a tile. The products:
+ *   S^T [64 x 2N] = K [64 x D] [q_hi q_lo]^T   fp8 wgmma m64n32k32, A the raw tile (K-major)
+ *   O^T [L x N]  += V^T [L x 64] (P_hi + P_lo)^T  fp8 wgmma m64n16k32, A the codes in registers
+ * with q and P x P_SCALE split into two e4m3 terms each (e4m3x2_split; split_q scales each
+ * column's q by a power of two first), so that the tensor cores multiply the codes as they
+ * landed: no conversion anywhere. NOTES.md, "fp8 caches", has the numbers and the error.
+ *
+ * Kernel-development switches (MLA_EXTRA_DEFINES, fp8 only, never in a shipped build):
+ * MLA_EXP_NO_S, MLA_EXP_NO_PV drop a product, MLA_EXP_NO_VF the value fragments' loads (to
+ * time the rest; results are wrong); MLA_EXP_CHAINS (S^T's accumulators, 6), MLA_EXP_PART
+ * (m-tiles of a value pass, 4 or 2).
+ *
  * Compile-time configuration (-D):
  *   MLA_L, MLA_R  latent and rotary widths (L = 512, (L + R) % 64 == 0)
  *   MLA_BF16      1: the model dtype is bf16, 0: f16
- *   MLA_KV        0: the cache in the model dtype; 2: fp8 e4m3, 3: fp8 e5m2. fp8 chunks land
- *                 raw (64 keys x 64 bytes, half the bytes) and both consumer warpgroups convert
- *                 each tile (decoded, times k_scale, rounded: bit-exact with the CPU backend)
- *                 into a 72 KB tile of the model dtype that the products read; values outside
- *                 the keys become zeros on the way.
- *   MLA_N         columns (query rows) a CTA: 16 or 32
- *   MLA_SLOTS     8 KB chunk slots in the ring (the host fills the device's shared memory)
+ *   MLA_KV        0: the cache in the model dtype; 2: fp8 e4m3, 3: fp8 e5m2 (chunks of 64 keys
+ *                 x 64 codes as they land, 64-byte swizzle; the fp8 block above)
+ *   MLA_N         columns (query rows) a CTA: 16 or 32 (fp8: 16)
+ *   MLA_SLOTS     chunk slots in the ring (8 KB: the host fills the device's shared memory;
+ *                 fp8, 4 KB: TILE_GROUPS whole tiles)
  */
 #include "common/fp8.cuh"
 #include "common/keys.cuh"
@@ -75,29 +89,59 @@ constexpr int KV = MLA_KV;
 constexpr bool FP8 = KV >= 2;
 constexpr int RAW_ROW = FP8 ? 64 : 128;  // bytes of a key's chunk as it lands
 constexpr int RAW_BYTES = BN * RAW_ROW;  // a ring slot
-constexpr int CT_BYTES = FP8 ? CHUNKS * CHUNK_BYTES : 0;  // fp8: the converted tile
+constexpr int NX = FP8 ? 2 * N : N;      // S^T's columns: fp8 multiplies q's two e4m3 terms
+constexpr float P_SCALE = 256.0f;        // fp8: P x 256 is split (e4m3's normal range)
 constexpr int CONSUMERS = 2;             // warpgroups sharing each tile
 constexpr int OWN = V_CHUNKS / CONSUMERS; // value chunks a consumer multiplies by P
 constexpr int HALF = L / CONSUMERS;      // output columns a consumer writes
 constexpr int S_CHAINS = 3;              // independent accumulators of S^T
-constexpr int THREADS = (CONSUMERS + 1) * 128;  // + the producer warpgroup (one warp works)
+// fp8: S^T's accumulators, a k-step of 32 each in turn (3 steps a chain). fp8 wgmma keeps
+// 13 bits of its accumulator, truncated: each step shrinks a chain's sum by up to 2^-13,
+// which biases the LSE (3 chains of 6 steps: 1.2e-3 to 1.5e-3 at scores scaled by 2; NOTES.md).
+#ifndef MLA_EXP_CHAINS
+#define MLA_EXP_CHAINS 6
+#endif
+constexpr int FP8_CHAINS = MLA_EXP_CHAINS;
+// fp8: the value product's m-tiles a pass (MLA_EXP_PART: 4, all of a latent half; or 2).
+#ifndef MLA_EXP_PART
+#define MLA_EXP_PART 4
+#endif
+// + the producer warpgroup (one warp works). Under fp8 no producer: each consumer
+// warpgroup's warp 0 issues its own tiles' copies (issue_tile), so that its threads get 255
+// registers (ptxas gives every thread of a wgmma kernel the even split of its warpgroups,
+// 168 with a third one, which spilled the fp8 consumers' O^T of all L columns).
+constexpr int THREADS = CONSUMERS * 128 + (FP8 ? 0 : 128);
+// fp8: the ring's tiles (the host's SLOTS = TILE_GROUPS x CHUNKS): tile t in group t %
+// TILE_GROUPS, whose "full" and "empty" mbarriers (the first TILE_GROUPS of each) count
+// whole tiles; a tile is issued once the tile TILE_GROUPS before it is released. An even
+// count: a group's every tile is then one warpgroup's, which has consumed the group's last
+// use when it waits on the next with the next parity (an odd count let the other warpgroup
+// wait while that use might still be in flight, and the parity would pass it).
+constexpr int TILE_GROUPS = SLOTS / CHUNKS;
 constexpr int PRODUCER_WARP = CONSUMERS * 4;
-// Registers a thread (setmaxnreg): the producer warpgroup gives up most of its share to the
-// consumers, whose accumulators and softmax state need more than an even split (168).
+// Registers a thread (setmaxnreg; 16-bit caches): the producer warpgroup gives up most of its
+// share to the consumers, whose accumulators and softmax state need more than an even split
+// (168).
 constexpr int PRODUCER_REGS = 56;
 constexpr int CONSUMER_REGS = 224;
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536, "the register file");
 constexpr int Q_BYTES = CHUNKS * N * 128;
 constexpr int PT_BYTES = N * 128;        // P^T of a tile: N rows of 64 keys
 constexpr int RED_BYTES = 4 * N * 4;     // the 4 warps' column maxima
+constexpr int UNIT_BYTES = FP8 ? N * 4 : 0;  // fp8: each column's q scale (unit())
 constexpr int BAR_BYTES = 2 * SLOTS * 8;
-constexpr int LP = HALF + 4;             // padded row of the transposed outputs (no bank conflicts)
+// Padded row of the transposed outputs (no bank conflicts): a warpgroup's L / 2 columns, or
+// under fp8 (each warpgroup has all of them, merged at the end) L.
+constexpr int LP = (FP8 ? L : HALF) + 4;
 constexpr int ALIGN = 1024;
 constexpr float LN2 = 0.69314718055994530942f;
 constexpr int COLS = N / 4;              // columns of a thread (its slots: see column())
 
 static_assert(L == 512 && D % 64 == 0, "L = 512 and whole 64-column chunks");
 static_assert(N == 16 || N == 32, "N = 16 or 32");
+static_assert(!FP8 || N == 16, "fp8: S^T's 2N columns are one m64n32 product");
+static_assert(!FP8 || (SLOTS == TILE_GROUPS * CHUNKS && TILE_GROUPS % CONSUMERS == 0),
+              "fp8: a ring of whole tiles, as many for each warpgroup");
 static_assert(SLOTS >= 2 * CHUNKS, "the ring holds a tile for each consumer");
 static_assert(CONSUMERS * N * LP * 4 <= SLOTS * RAW_BYTES, "the transposed outputs fit in the ring");
 static_assert(KV == 0 || KV == 2 || KV == 3, "a cache in the model dtype, or fp8");
@@ -106,11 +150,16 @@ static_assert(V_CHUNKS % CONSUMERS == 0 && CHUNKS / OWN >= CONSUMERS, "value chu
 struct Smem {
     unsigned char* base;  // 1024-byte aligned
     __device__ unsigned char* slot(int s) const { return base + s * RAW_BYTES; }
-    __device__ unsigned char* ct(int c) const { return base + SLOTS * RAW_BYTES + c * CHUNK_BYTES; }
-    __device__ unsigned char* q() const { return ct(0) + CT_BYTES; }
+    /// q as S^T's B operand: N x D 16-bit (swizzled), or under fp8 its two e4m3 terms, 2N x D
+    /// bytes (64-byte swizzle: rows 0 .. N - 1 hi, N .. 2N - 1 lo), in the same bytes.
+    __device__ unsigned char* q() const { return base + SLOTS * RAW_BYTES; }
+    /// P^T of warpgroup w: N rows of 64 keys, 16-bit (swizzled), or under fp8 the two e4m3
+    /// terms of P x P_SCALE, N x 64 bytes each (64-byte swizzle, hi then lo).
     __device__ unsigned char* pt(int w) const { return q() + Q_BYTES + w * PT_BYTES; }
     __device__ float* red(int w) const { return (float*)(pt(CONSUMERS) + w * RED_BYTES); }
-    __device__ u64* full() const { return (u64*)(pt(CONSUMERS) + CONSUMERS * RED_BYTES); }
+    /// fp8: column c's q was scaled by 1 / unit()[c] (a power of two) before the split.
+    __device__ float* unit() const { return red(CONSUMERS); }
+    __device__ u64* full() const { return (u64*)(pt(CONSUMERS) + CONSUMERS * RED_BYTES + UNIT_BYTES); }
     __device__ u64* empty() const { return full() + SLOTS; }
     // The end of the split, once every tile is consumed: the outputs transposed in the ring,
     // the row maxima where P^T was (the sums go where the column maxima were).
@@ -122,7 +171,7 @@ struct Smem {
 
 /// Shared memory the kernel needs (the host checks it against its own count).
 extern "C" __constant__ int mla_decode_smem_bytes =
-    ALIGN + SLOTS * RAW_BYTES + CT_BYTES + Q_BYTES + CONSUMERS * (PT_BYTES + RED_BYTES) + BAR_BYTES;
+    ALIGN + SLOTS * RAW_BYTES + Q_BYTES + CONSUMERS * (PT_BYTES + RED_BYTES) + UNIT_BYTES + BAR_BYTES;
 
 namespace {
 
@@ -212,32 +261,108 @@ __device__ __forceinline__ int column(int slot, int lane) {
     return 8 * (slot / 2) + 2 * (lane % 4) + slot % 2;
 }
 
-/// fp8: tile `t`'s raw chunks (from `first`) converted into the tile of the model dtype, by
-/// both consumer warpgroups (the caller fences and waits for all of them before the products):
-/// each chunk awaited, its keys decoded, times k_scale and rounded (zeros outside `keys`),
-/// written swizzled as the wgmma operand; then each warp releases the raw chunks.
-__device__ __forceinline__ void convert_tile(const Smem& sm, int t, int first, const KeyRange& keys, float k_scale,
-                                             u32 full, u32 empty, int lane) {
+/// fp8: q (landed 16-bit, swizzled) rewritten in place as its two e4m3 terms, S^T's B
+/// operand of 2N columns (K-major, 64-byte swizzle: column c's hi in row c, lo in row N + c):
+/// column c times 2^e, e putting its largest magnitude in [128, 256) (bf16's every element
+/// from 2^-2 on then splits exactly), split by e4m3x2_split; unit()[c] = 2^-e goes on the
+/// scores. By both consumer warpgroups, 16 threads a column and 9 pieces of 4 elements a
+/// thread; the caller's barrier then publishes the terms.
+__device__ __forceinline__ void split_q(const Smem& sm) {
+    constexpr int PIECES = D / 64;  // of 4 elements, a thread's (D / 4 a column, 16 threads)
+    const int c = threadIdx.x / 16, sub = threadIdx.x % 16;
+    float v[PIECES][4];
+    float big = 0.0f;
 #pragma unroll
-    for (int c = 0; c < CHUNKS; ++c) {
-        const int g = t * CHUNKS + c;
-        mbar_wait(full + 8 * (g % SLOTS), (g / SLOTS) & 1);
-    }
-    constexpr int GROUPS = CHUNKS * BN * 8;  // of 8 elements
-    for (int i = threadIdx.x; i < GROUPS; i += CONSUMERS * 128) {
-        const int c = i / (BN * 8), key = (i / 8) % BN, grp = i % 8;
-        const int pos = first + key;
-        u32x4 v = {0u, 0u, 0u, 0u};
-        if (pos >= keys.start && pos < keys.end) {
-            const u32x2 raw = *(const u32x2*)(sm.slot((t * CHUNKS + c) % SLOTS) + key * RAW_ROW + grp * 8);
-            v = convert8<KV, BF16>(u32x4{raw.x, raw.y, 0u, 0u}, k_scale);
+    for (int k = 0; k < PIECES; ++k) {
+        const int u = sub + 16 * k;
+        const u32x2 w = *(const u32x2*)(sm.q() + swizzled<N>(c, u / 2) + (u % 2) * 8);
+        const u32 h[4] = {w.x & 0xffffu, w.x >> 16, w.y & 0xffffu, w.y >> 16};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            v[k][e] = half_to_float<BF16>(h[e]);
+            big = fmaxf(big, fabsf(v[k][e]));
         }
-        *(u32x4*)(sm.ct(c) + swizzled<BN>(key, grp)) = v;
     }
-    __syncwarp();  // the warp's reads of the raw chunks are done
-    if (lane == 0) {
 #pragma unroll
-        for (int c = 0; c < CHUNKS; ++c) mbar_arrive(empty + 8 * ((t * CHUNKS + c) % SLOTS));
+    for (int o = 1; o < 16; o *= 2) big = fmaxf(big, __shfl_xor_sync(0xffffffffu, big, o));
+    int e = 0;  // a zero (padding) or non-finite column keeps its values as they are
+    if (big > 0.0f && isfinite(big)) {
+        int x;
+        frexpf(big, &x);  // big in [2^(x - 1), 2^x)
+        e = min(max(8 - x, -126), 126);
+    }
+    const float scale = pow2(e);
+    named_barrier(4, CONSUMERS * 128);  // every piece read before any is rewritten
+#pragma unroll
+    for (int k = 0; k < PIECES; ++k) {
+        const int u = sub + 16 * k;
+        const u32 a = e4m3x2_split(v[k][0] * scale, v[k][1] * scale);
+        const u32 b = e4m3x2_split(v[k][2] * scale, v[k][3] * scale);
+        // Elements 4u .. 4u + 3: piece u / 4 of the row (16 codes), bytes 4 (u % 4) on.
+        *(u32*)(sm.q() + swizzled64<NX>(c, u / 4) + (u % 4) * 4) = (a & 0xffffu) | b << 16;
+        *(u32*)(sm.q() + swizzled64<NX>(N + c, u / 4) + (u % 4) * 4) = a >> 16 | (b & 0xffff0000u);
+    }
+    if (sub == 0) sm.unit()[c] = pow2(-e);
+    fence_proxy_async();  // the terms are read by wgmma
+}
+
+/// fp8: where P^T's term element (column c, key k) lies in its tile (N rows of 64 bytes,
+/// 64-byte swizzle): at fragment key f of the value product, key k with its two 2-bit fields
+/// swapped (value_fragments: fragment key 16 h + 4 c' + e of a k-step is its key 16 h + 4 e
+/// + c', so that a lane's four loads of a step read four neighbouring keys).
+__device__ __forceinline__ u32 pt8_offset(int c, int k) {
+    const int f = (k & ~15) | (k & 3) << 2 | (k >> 2 & 3);
+    return swizzled64<N>(c, f / 16) + f % 16;
+}
+
+/// y[b] = byte b of x[0], x[1], x[2], x[3] (x[e]'s in byte e): a 4 x 4 byte transpose, eight prmt.
+__device__ __forceinline__ void transpose4(const u32 (&x)[4], u32* y) {
+    const u32 t0 = __byte_perm(x[0], x[1], 0x5140u), t1 = __byte_perm(x[0], x[1], 0x7362u);
+    const u32 t2 = __byte_perm(x[2], x[3], 0x5140u), t3 = __byte_perm(x[2], x[3], 0x7362u);
+    y[0] = __byte_perm(t0, t2, 0x5410u);
+    y[1] = __byte_perm(t0, t2, 0x7632u);
+    y[2] = __byte_perm(t1, t3, 0x5410u);
+    y[3] = __byte_perm(t1, t3, 0x7632u);
+}
+
+/// fp8: this thread's A fragments of V^T for k-step kk (keys 32 kk .. 32 kk + 31 of the tile)
+/// of MT of its OWN m-tiles (from m-tile MT part on), from the raw value chunk at `chunk` (this
+/// warp's 64 latent columns, 64-byte swizzle). Fragment row g + 8 r of m-tile i (g = lane /
+/// 4) is the chunk's column 8 g + 2 i + r, so one load of a key (8 bytes for all 4 m-tiles,
+/// 4 for 2) holds its codes for every m-tile it covers; fragment keys 16 h + 4 c + e (c =
+/// lane % 4) are keys 16 h + 4 e + c (pt8_offset), so that a warp's load reads four
+/// neighbouring key rows (two bank passes for 8 bytes a lane, the fewest). Keys outside `keys`
+/// are zeros where `edge` (P is 0 there, and 0 x a NaN code must not be NaN).
+template <int MT>
+__device__ __forceinline__ void value_fragments(u32 chunk, int kk, int part, int lane, int first, const KeyRange& keys,
+                                                bool edge, u32 (&a)[MT][4]) {
+    static_assert(MT == 2 || MT == 4, "loads of 4 or 8 bytes a key");
+    const int g = lane / 4, c = lane % 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        u32 w[MT / 2][4];  // word i of key e's codes
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int k = 32 * kk + 16 * h + 4 * e + c;
+            const u32 at = chunk + swizzled64<BN>(k, g / 2) + (g % 2) * 8 + 2 * MT * part;
+            const bool zero = edge && (first + k < keys.start || first + k >= keys.end);
+            if constexpr (MT == 4) {
+                const u32x2 v = ld_shared_u32x2(at);
+                w[0][e] = zero ? 0u : v.x;
+                w[1][e] = zero ? 0u : v.y;
+            } else {
+                const u32 v = ld_shared_u32(at);
+                w[0][e] = zero ? 0u : v;
+            }
+        }
+        u32 b[2 * MT];  // b[j]: byte j of the four keys (column 8 g + 2 MT part + j)
+#pragma unroll
+        for (int i = 0; i < MT / 2; ++i) transpose4(w[i], b + 4 * i);
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+            a[i][2 * h] = b[2 * i];          // row g
+            a[i][2 * h + 1] = b[2 * i + 1];  // row g + 8
+        }
     }
 }
 
@@ -247,6 +372,319 @@ __device__ __forceinline__ u32 pt_offset(int c, int k) {
 }
 
 }  // namespace
+
+/// fp8: tile t's copies into its group of slots (t % TILE_GROUPS), by warp 0 of a consumer
+/// warpgroup, once the group's previous tile (t - TILE_GROUPS) is released: lane 0 waits for
+/// that, arms the group's "full" mbarrier with the tile's bytes and issues its CHUNKS chunks
+/// from `blocks` (gather_blocks of the tile's lookups, `look`, which the caller started a
+/// tile ahead: the block table's latency is then behind the computation, as in produce()).
+/// The warpgroup's other warps wait for it at their next wgmma: a mbarrier a tile, not a
+/// chunk, keeps this short.
+__device__ __forceinline__ void issue_tile(const TmaParams& np, const Smem& sm, int t, int first, const BoxLookup& look,
+                                           u32 full, u32 empty) {
+    const TileBoxes boxes(np.d.page_size);
+    const TileBlocks blocks = gather_blocks(np.d, look, first, boxes);
+    if (threadIdx.x % 32 == 0) {
+        const int use = t / TILE_GROUPS, g = t % TILE_GROUPS;
+        const u32 ring = smem_addr(sm.slot(g * CHUNKS));
+        if (use > 0) mbar_wait(empty + 8 * g, (use - 1) & 1);
+        mbar_expect_bytes(full + 8 * g, CHUNKS * RAW_BYTES);
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) {
+            copy_chunk<RAW_ROW>(&np.kv_map, blocks, boxes, ring + c * RAW_BYTES, full + 8 * g, c);
+        }
+    }
+    __syncwarp();
+}
+
+/// fp8 (MLA_KV 2, 3): the consumers (kernel header). The two warpgroups take alternate tiles (tile
+/// t: warpgroup t % 2), each with its own running maxima, sums and O^T of all L latent
+/// columns (two halves of OWN m-tiles, value chunks 4 h2 + w4 of warp w4), merged at the
+/// end: a tile's scores, softmax and products run beside the other warpgroup's tile instead
+/// of both warpgroups doing the same steps at once. Every consumer thread calls it.
+__device__ __forceinline__ void consume_fp8(const TmaParams& np, const Smem& sm, const Cols& cols, int req, int len,
+                                            const KeyRange& keys, const KeyRange& common, int first0, int tiles,
+                                            u32 full, u32 empty) {
+    const DecodeParams& p = np.d;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = warp / 4, w4 = warp % 4;
+    // Warp 0 of each warpgroup issues its own of the first TILE_GROUPS tiles (wg, wg + 2,
+    // ...), then after each tile t tile t + TILE_GROUPS (its own too, into t's slots), its
+    // lookups started a tile ahead.
+    const TileBoxes boxes(p.page_size);
+    BoxLookup look;
+    if (w4 == 0) {
+        for (int t = wg; t < min(tiles, TILE_GROUPS); t += CONSUMERS) {
+            look.start(p, req, first0 + t * BN, boxes, keys, lane);
+            issue_tile(np, sm, t, first0 + t * BN, look, full, empty);
+        }
+        look = BoxLookup{};
+        if (wg + TILE_GROUPS < tiles) look.start(p, req, first0 + (wg + TILE_GROUPS) * BN, boxes, keys, lane);
+    }
+    const int key0 = 16 * w4 + lane / 4;  // this thread's keys in a tile: key0, key0 + 8
+    const int splits = p.num_kv_splits;
+    const float k_scale = read_k_scale(p, tid == 0 && blockIdx.x == 0 && blockIdx.y == 0);
+    // This thread's columns: slot ci is CTA column column(ci, lane); its scores' scale
+    // (k_scale and the column's q scale folded in).
+    int lo[COLS], hi[COLS];
+    float m[COLS], l[COLS], scale[COLS];
+#pragma unroll
+    for (int ci = 0; ci < COLS; ++ci) {
+        const int c = column(ci, lane);
+        const KeyRange k = cols.real(c) ? split_keys(token_keys(p, len, cols.tok0 + cols.nth(c)), blockIdx.y, splits)
+                                        : KeyRange{0, 0};
+        lo[ci] = k.start;
+        hi[ci] = k.end;
+        m[ci] = bits_to_float(0xff800000u);
+        l[ci] = 0.0f;
+        scale[ci] = p.scale_log2 * k_scale * sm.unit()[c];
+    }
+    float ot[2][OWN][N / 2];  // O^T, latent half h2 (value chunks 4 h2 .. 4 h2 + 3)
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+#pragma unroll
+        for (int j = 0; j < OWN; ++j) {
+#pragma unroll
+            for (int i = 0; i < N / 2; ++i) ot[h2][j][i] = 0.0f;
+        }
+    }
+    const u32 ring = smem_addr(sm.slot(0)), q_addr = smem_addr(sm.q()), pt = smem_addr(sm.pt(wg));
+    const u32 red_base = smem_addr(sm.red(wg));
+    const auto chunk = [&](int t, int c) -> u32 { return ring + ((t % TILE_GROUPS) * CHUNKS + c) * RAW_BYTES; };
+
+    for (int t = wg; t < tiles; t += CONSUMERS) {
+        const int first = first0 + t * BN;
+        // S^T = K Q^T, q's two terms side by side (2N columns), chunk by chunk as the copies
+        // land: k-step j into chain j % FP8_CHAINS.
+        float sch[FP8_CHAINS][N];  // 2N columns, N / 2 values each
+#pragma unroll
+        for (int h = 0; h < FP8_CHAINS; ++h) {
+#pragma unroll
+            for (int i = 0; i < N; ++i) sch[h][i] = 0.0f;
+            fence_operands(sch[h]);
+        }
+        mbar_wait(full + 8 * (t % TILE_GROUPS), (t / TILE_GROUPS) & 1);
+        wgmma_fence();  // after the divergent wait (else ptxas serializes every wgmma)
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) {
+            const u64 kd = smem_desc64(chunk(t, c), 16, 512);
+            const u64 qd = opaque(smem_desc64(q_addr + c * NX * 64, 16, 512));
+#pragma unroll
+#ifndef MLA_EXP_NO_S
+            for (int k = 0; k < 2; ++k) {
+                wgmma_m64n32k32_fp8<KV>(sch[(2 * c + k) % FP8_CHAINS], desc_at(kd, 32 * k), desc_at(qd, 32 * k), 1);
+            }
+#endif
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        // A column's score: its hi column's plus its lo column's (N on).
+        float st[N / 2];
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) {
+            st[i] = 0.0f;
+#pragma unroll
+            for (int h = 0; h < FP8_CHAINS; ++h) st[i] += sch[h][i] + sch[h][i + N / 2];
+        }
+
+        // Softmax over the tile's keys, per column: mask, the column max across the four
+        // warps (each holds 16 keys), P x P_SCALE as its two e4m3 terms into P^T. (Through
+        // bases made opaque each tile: else the compiler keeps every column's addresses
+        // live across the loop, which spilled.)
+        const u32 red_at = opaque_u32(red_base), pt_at = opaque_u32(pt);
+        const bool inside = first >= common.start && first + BN <= common.end;
+        float cmax[COLS];
+#pragma unroll
+        for (int ci = 0; ci < COLS; ++ci) cmax[ci] = bits_to_float(0xff800000u);
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) {
+            const int ci = slot(i);
+            const int pos = first + key0 + row_step(i);
+            if (!inside && (pos < lo[ci] || pos >= hi[ci])) st[i] = bits_to_float(0xff800000u);
+            cmax[ci] = fmaxf(cmax[ci], st[i]);
+        }
+#pragma unroll
+        for (int ci = 0; ci < COLS; ++ci) {
+            cmax[ci] = fmaxf(cmax[ci], __shfl_xor_sync(0xffffffffu, cmax[ci], 4));
+            cmax[ci] = fmaxf(cmax[ci], __shfl_xor_sync(0xffffffffu, cmax[ci], 8));
+            cmax[ci] = fmaxf(cmax[ci], __shfl_xor_sync(0xffffffffu, cmax[ci], 16));
+            if (lane < 4) st_shared_f32(red_at + 4 * (w4 * N + column(ci, lane)), cmax[ci]);
+        }
+        named_barrier(1 + wg, 128);
+        float alpha[COLS], base[COLS];
+#pragma unroll
+        for (int ci = 0; ci < COLS; ++ci) {
+            const int c = column(ci, lane);
+            const u32 at = red_at + 4 * c;
+            const float tmax = fmaxf(fmaxf(ld_shared_f32(at), ld_shared_f32(at + 4 * N)),
+                                     fmaxf(ld_shared_f32(at + 8 * N), ld_shared_f32(at + 12 * N)));
+            const float m_new = fmaxf(m[ci], tmax * scale[ci]);
+            alpha[ci] = m_new == m[ci] ? 1.0f : exp2_approx(m[ci] - m_new);
+            // A column with no key yet (its keys start later, or padding) keeps P = 0.
+            base[ci] = m_new == bits_to_float(0xff800000u) ? 0.0f : m_new;
+            m[ci] = m_new;
+            l[ci] *= alpha[ci];
+        }
+        // Values i, i + 1 are columns 2c, 2c + 1 of one key: one split a pair.
+#pragma unroll
+        for (int i = 0; i < N / 2; i += 2) {
+            float pv[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int ci = slot(i + e);
+                pv[e] = exp2_approx(fmaf(st[i + e], scale[ci], -base[ci]));
+                l[ci] += pv[e];
+            }
+            const u32 codes = e4m3x2_split(pv[0] * P_SCALE, pv[1] * P_SCALE);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const u32 at = pt_at + pt8_offset(column(slot(i + e), lane), key0 + row_step(i));
+                st_shared_u8(at, codes >> 8 * e);                 // hi
+                st_shared_u8(at + N * 64, codes >> (16 + 8 * e));  // lo
+            }
+        }
+        fence_proxy_async();
+        named_barrier(1 + wg, 128);  // P^T complete for the products
+
+        // O^T += V^T P^T MT m-tiles of a latent half at a time: A from the codes
+        // (value_fragments), each P term a product into the part's tile accumulator, added to
+        // O^T in f32 (fp8 wgmma keeps 13 of its bits: one tile's sums, not the split's, go
+        // through it).
+        const bool edge = first < keys.start || first + BN > keys.end;
+        const u64 pd = opaque(smem_desc64(pt, 16, 512));
+        // The lane made opaque each tile: else the fragments' swizzled offsets (lane-dependent,
+        // a dozen) are computed once and kept across the loop, which spilled.
+        const int lane_now = (int)opaque_u32((u32)lane);
+        constexpr int MT = MLA_EXP_PART;
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+#pragma unroll
+            for (int part = 0; part < OWN / MT; ++part) {
+                u32 a[BN / 32][MT][4];
+#pragma unroll
+                for (int kk = 0; kk < BN / 32; ++kk) {
+#ifndef MLA_EXP_NO_VF
+                    value_fragments<MT>(chunk(t, OWN * h2 + w4), kk, part, lane_now, first, keys, edge, a[kk]);
+#else
+                    for (int j = 0; j < MT; ++j) a[kk][j][0] = a[kk][j][1] = a[kk][j][2] = a[kk][j][3] = (u32)lane_now;
+#endif
+                }
+                if (h2 == 1 && part == OWN / MT - 1) {  // this warp's reads of the tile are done
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(empty + 8 * (t % TILE_GROUPS));
+                }
+                float acc[MT][N / 2];
+#pragma unroll
+                for (int j = 0; j < MT; ++j) {
+#pragma unroll
+                    for (int i = 0; i < N / 2; ++i) acc[j][i] = 0.0f;
+                    fence_operands(acc[j]);
+                }
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BN / 32; ++kk) {
+#pragma unroll
+                    for (int term = 0; term < 2; ++term) {
+#pragma unroll
+                        for (int j = 0; j < MT; ++j) {
+#ifndef MLA_EXP_NO_PV
+                            wgmma_m64n16k32_rs_fp8<KV>(acc[j], a[kk][j], desc_at(pd, term * N * 64 + kk * 32), 1);
+#else
+                            acc[j][0] += __uint_as_float(a[kk][j][term]);
+#endif
+                        }
+                    }
+                }
+                wgmma_commit();
+                wgmma_wait<0>();
+#pragma unroll
+                for (int j = 0; j < MT; ++j) {
+#pragma unroll
+                    for (int i = 0; i < N / 2; ++i) {
+                        float& o = ot[h2][MT * part + j][i];
+                        o = fmaf(o, alpha[slot(i)], acc[j][i]);
+                    }
+                }
+            }
+        }
+        // Tile t + TILE_GROUPS into this one's slots, and the lookups of this warpgroup's next.
+        const int next = t + TILE_GROUPS;
+        if (w4 == 0 && next < tiles) {
+            issue_tile(np, sm, next, first0 + next * BN, look, full, empty);
+            look = BoxLookup{};
+            if (next + CONSUMERS < tiles) look.start(p, req, first0 + (next + CONSUMERS) * BN, boxes, keys, lane);
+        }
+    }
+
+    // The merge: each warpgroup's sums over its warps and its maxima through shared memory;
+    // its O^T times 2^(its max - the max of both) transposed through the ring (free once
+    // both are done with their tiles); then o = the two summed, over the sums likewise scaled.
+    // (Shared memory through a base made opaque here: else its addresses are computed before
+    // the loop and kept across it.)
+    const Smem fin{(unsigned char*)opaque((u64)sm.base)};
+#pragma unroll
+    for (int ci = 0; ci < COLS; ++ci) {
+        l[ci] += __shfl_xor_sync(0xffffffffu, l[ci], 4);
+        l[ci] += __shfl_xor_sync(0xffffffffu, l[ci], 8);
+        l[ci] += __shfl_xor_sync(0xffffffffu, l[ci], 16);
+    }
+    named_barrier(3, CONSUMERS * 128);  // both warpgroups are done with the ring, red and P^T
+#pragma unroll
+    for (int ci = 0; ci < COLS; ++ci) {
+        const int c = column(ci, lane);
+        if (lane < 4) {
+            fin.red(wg)[w4 * N + c] = l[ci];
+            if (w4 == 0) fin.maxima(wg)[c] = m[ci];
+        }
+    }
+    named_barrier(3, CONSUMERS * 128);  // both warpgroups' maxima and sums
+    // 2^(this warpgroup's max - the max of both), 0 where it saw no key of the column.
+    const auto weight = [&](int w, int c) {
+        const float mw = fin.maxima(w)[c], mx = fmaxf(fin.maxima(0)[c], fin.maxima(1)[c]);
+        return mw == bits_to_float(0xff800000u) ? 0.0f : exp2_approx(mw - mx);
+    };
+    float f[COLS];
+#pragma unroll
+    for (int ci = 0; ci < COLS; ++ci) f[ci] = weight(wg, column(ci, lane));
+    float* out = fin.merged(wg);  // [N][LP]: this warpgroup's O^T, all L columns
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+#pragma unroll
+        for (int j = 0; j < OWN; ++j) {
+#pragma unroll
+            for (int i = 0; i < N / 2; ++i) {
+                // Row g + 8 r of m-tile j: column 8 g + 2 j + r of value chunk 4 h2 + w4.
+                const int col = 64 * (OWN * h2 + w4) + 8 * (lane / 4) + 2 * j + row_step(i) / 8;
+                out[column(slot(i), lane) * LP + col] = ot[h2][j][i] * f[slot(i)];
+            }
+        }
+    }
+    named_barrier(3, CONSUMERS * 128);  // both warpgroups' O^T in the ring
+
+    // O / l and the LSE, four latent columns a thread.
+    for (int i = tid; i < N * (L / 4); i += CONSUMERS * 128) {
+        const int c = i / (L / 4), col = 4 * (i % (L / 4));
+        if (!cols.real(c)) continue;
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < CONSUMERS; ++w) {
+            const float* r = fin.red(w);
+            sum += (r[c] + r[N + c] + r[2 * N + c] + r[3 * N + c]) * weight(w, c);
+        }
+        // A column with no key in the split (sum 0) gets o = 0 and lse = -inf (the combine
+        // gives the split no weight); the values were codes times P x P_SCALE.
+        const float inv = sum > 0.0f ? k_scale / P_SCALE / sum : 0.0f;
+        const f32x4 v0 = *(const f32x4*)(fin.merged(0) + c * LP + col);
+        const f32x4 v1 = *(const f32x4*)(fin.merged(1) + c * LP + col);
+        const float o[4] = {(v0.x + v1.x) * inv, (v0.y + v1.y) * inv, (v0.z + v1.z) * inv, (v0.w + v1.w) * inv};
+        const int row = cols.row(c), head = cols.head(c);
+        const i64 at = grid_at(p, row, head);
+        store_pairs<BF16, L, 2, 2>(p, at, row, head, col, [&](int i, int e) { return o[2 * i + e]; });
+        if (col == 0) {
+            const float mx = fmaxf(fin.maxima(0)[c], fin.maxima(1)[c]);
+            store_lse(p, at, row, head, (mx + log2_approx(sum)) * LN2);
+        }
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const __grid_constant__ TmaParams np) {
     const DecodeParams& p = np.d;
@@ -279,7 +717,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
     if (tid == 0) {
         for (int s = 0; s < SLOTS; ++s) {
             mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 4 * CONSUMERS);  // every consumer warp
+            // Every consumer warp reads each chunk; fp8 counts whole tiles (the first
+            // TILE_GROUPS), each read by the four warps of one warpgroup.
+            mbar_init(empty + 8 * s, FP8 ? 4 : 4 * CONSUMERS);
         }
         mbar_fence_init();
     }
@@ -288,13 +728,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
     if (warp >= PRODUCER_WARP) {
         // The producer warpgroup ends here: the consumers merge and write. (Code after its
         // setmaxnreg.dec must fit the registers it kept, so it shares none of theirs.)
-        set_max_registers<false, PRODUCER_REGS>();
+        if (!FP8) set_max_registers<false, PRODUCER_REGS>();
         if (warp == PRODUCER_WARP) produce(np, sm, req, first0, tiles, keys);
         return;
     }
-    set_max_registers<true, CONSUMER_REGS>();
+    if (!FP8) set_max_registers<true, CONSUMER_REGS>();
     load_q(p, sm, cols);
     named_barrier(4, CONSUMERS * 128);  // q landed for both consumer warpgroups
+    if (FP8) {
+        split_q(sm);
+        named_barrier(4, CONSUMERS * 128);  // q's terms written
+        consume_fp8(np, sm, cols, req, len, keys, common, first0, tiles, full, empty);
+        return;
+    }
     const int wg = warp / 4, w4 = warp % 4;
     const int key0 = 16 * w4 + lane / 4;  // this thread's keys in a tile: key0, key0 + 8
     // This thread's columns: slot ci is CTA column column(ci, lane).
@@ -319,22 +765,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
     const u32 ring = smem_addr(sm.slot(0)), q_addr = smem_addr(sm.q()), pt = smem_addr(sm.pt(wg));
     const float sc = p.scale_log2;
     float* red = sm.red(wg);
-    [[maybe_unused]] const float k_scale = FP8 ? read_k_scale(p, tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) : 1.0f;
-    // Chunk c of tile t as the products read it: its ring slot, or (fp8) the converted tile.
-    const auto operand = [&](int t, int c) -> u32 {
-        return FP8 ? smem_addr(sm.ct(c)) : ring + ((t * CHUNKS + c) % SLOTS) * RAW_BYTES;
-    };
+    // Chunk c of tile t: its ring slot.
+    const auto operand = [&](int t, int c) -> u32 { return ring + ((t * CHUNKS + c) % SLOTS) * RAW_BYTES; };
 
     for (int t = 0; t < tiles; ++t) {
         const int first = first0 + t * BN;
-        if (FP8) {
-            // Once both warpgroups are done with the last tile's products, this one's raw
-            // chunks into the converted tile, and the conversion complete before the scores.
-            named_barrier(5, CONSUMERS * 128);
-            convert_tile(sm, t, first, keys, k_scale, full, empty, lane);
-            fence_proxy_async();
-            named_barrier(5, CONSUMERS * 128);
-        }
         // S^T = K Q^T, chunk by chunk as the copies land (both warpgroups: each needs P), in
         // S_CHAINS independent accumulators (chunk c into chain c % S_CHAINS) so that the 36
         // products are not one chain of dependent wgmma.
@@ -348,7 +783,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
             const int g = t * CHUNKS + c;
-            if (!FP8) mbar_wait(full + 8 * (g % SLOTS), (g / SLOTS) & 1);
+            mbar_wait(full + 8 * (g % SLOTS), (g / SLOTS) & 1);
             // After the (divergent) wait, a fence of our own: else ptxas inserts one where it
             // serializes every wgmma.
             wgmma_fence();
@@ -369,8 +804,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
             for (int h = 1; h < S_CHAINS; ++h) st[i] += sch[h][i];
         }
         // Done with the chunks this warpgroup does not multiply by P: the rotary one and the
-        // other warpgroup's values (fp8: all were released after the conversion).
-        if (!FP8 && lane == 0) {
+        // other warpgroup's values.
+        if (lane == 0) {
 #pragma unroll
             for (int c = 0; c < CHUNKS; ++c) {
                 if (c / OWN != wg) mbar_arrive(empty + 8 * ((t * CHUNKS + c) % SLOTS));
@@ -420,8 +855,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
             *(u16*)(ptp + pt_offset(column(ci, lane), key0 + row_step(i))) = (u16)pack2<BF16>(pv, 0.0f);
         }
         // Keys of the tile outside every column's range: zero their values in this warpgroup's
-        // chunks (P is 0 there, and 0 x garbage must not be NaN; fp8 converted them to zeros).
-        if (!FP8 && (first < keys.start || first + BN > keys.end)) {
+        // chunks (P is 0 there, and 0 x garbage must not be NaN).
+        if (first < keys.start || first + BN > keys.end) {
             for (int i = tid % 128; i < BN * OWN * 8; i += 128) {
                 const int key = i / (OWN * 8), jc = OWN * wg + (i / 8) % OWN;
                 const int pos = first + key;
@@ -456,11 +891,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
             }
             wgmma_commit();
         }
-        if (FP8) {
-            wgmma_wait<0>();
-        } else {
-            release_values<0>(empty, t * CHUNKS + OWN * wg, lane);
-        }
+        release_values<0>(empty, t * CHUNKS + OWN * wg, lane);
     }
 
     // The row sums: this thread's keys reduced over the warp (lanes with the same lane % 4),

@@ -166,8 +166,8 @@ unsafe impl KernelParams for TmaScheduleParams {}
 /// A 3-D tensor in global memory as the TMA unit reads it: `dims` (innermost first) with
 /// `strides` in bytes for dims 1 and 2 (multiples of 16), copied in boxes of `boxes`
 /// elements. 16-bit elements land with the 128-byte swizzle (the innermost box is 64
-/// elements, 128 bytes: the wgmma operand); bytes (fp8) land row-major. Parts of a box
-/// outside the tensor read as zeros.
+/// elements, 128 bytes: the wgmma operand); bytes (fp8) with the 64-byte swizzle (64 codes,
+/// the fp8 wgmma operand, K-major). Parts of a box outside the tensor read as zeros.
 ///
 /// # Errors
 /// [`Error::Driver`] if the driver refuses the description.
@@ -187,7 +187,7 @@ pub(crate) fn tensor_map_3d(
     } else {
         (
             sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
         )
     };
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();

@@ -303,6 +303,8 @@ impl Variant {
         match self.family {
             Family::DecodeMma => 128 * self.row_warps as u32,
             Family::DecodeWgmma | Family::DecodeSeesaw | Family::DecodeWgmmaFp8 => 256,
+            // fp8: no producer warpgroup (each consumer warpgroup issues its own tiles).
+            Family::DecodeNarrow if self.fp8() => 256,
             Family::DecodeNarrow => 384,
             Family::Combine => 32 * super::combine::WARPS as u32,
             Family::Schedule => 1024,
@@ -372,23 +374,24 @@ impl Variant {
                     + 8 * bars;
             }
             Family::DecodeNarrow => {
-                // 1024 bytes of alignment slack, the ring of chunks (8 KB; fp8: 4 KB raw, and
-                // the tile converted to the model dtype beside it), q (N x D), and for each of
-                // the two consumer warpgroups P^T (N x 64) and 4 x N column maxima; two
-                // mbarriers a slot.
+                // 1024 bytes of alignment slack, the ring of chunks (8 KB; fp8: 4 KB of raw
+                // codes, which the products take as they are), q (N x D 16-bit, or its two
+                // e4m3 terms in the same bytes), for each of the two consumer warpgroups P^T
+                // (N x 64, 16-bit or two e4m3 terms) and 4 x N column maxima, fp8: N floats
+                // (each column's q scale); two mbarriers a slot.
                 let n = 16 * self.row_warps;
                 let d = self.kv_lora_rank + self.rope_dim;
                 // A slot holds a chunk as it lands (fp8: raw, 1 byte an element).
-                let (slot, converted) = if self.fp8() {
-                    (NARROW_CHUNK / 2, d / 64 * NARROW_CHUNK)
+                let (slot, units) = if self.fp8() {
+                    (NARROW_CHUNK / 2, 4 * n)
                 } else {
                     (NARROW_CHUNK, 0)
                 };
                 return 1024
                     + self.stages * slot
-                    + converted
                     + n * d * 2
                     + 2 * (n * 128 + 16 * n)
+                    + units
                     + 16 * self.stages;
             }
             Family::DecodeMma => {}
@@ -550,7 +553,16 @@ pub fn narrow_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> 
     let fixed = base.smem_bytes();
     // A slot's bytes and mbarriers, from the one layout formula (smem_bytes).
     let per_slot = Variant { stages: 1, ..base }.smem_bytes() - fixed;
-    let slots = smem_limit.saturating_sub(fixed) / per_slot;
+    let slots = if base.fp8() {
+        // fp8: exactly NARROW_FP8_TILES tiles (two a consumer warpgroup), if they fit.
+        let slots = NARROW_FP8_TILES * d / 64;
+        if fixed + slots * per_slot > smem_limit {
+            return None;
+        }
+        slots
+    } else {
+        smem_limit.saturating_sub(fixed) / per_slot
+    };
     let applies =
         base.kv != 1 && shape.kv_lora_rank == 512 && d.is_multiple_of(64) && slots >= 2 * d / 64;
     applies.then_some(Variant {
@@ -558,6 +570,11 @@ pub fn narrow_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> 
         ..base
     })
 }
+
+/// The narrow kernel's ring under fp8, in tiles (its `TILE_GROUPS`): the two consumer
+/// warpgroups take alternate tiles and issue their own copies, two tiles each (an even
+/// count: the kernel's static_assert says why).
+const NARROW_FP8_TILES: usize = 4;
 
 /// The seesaw variant, where it can run: an sm_90a device, a cache in the model dtype (no
 /// conversion: the keys land by TMA as the products read them), L = 512 and R = 64 (eight
@@ -730,8 +747,8 @@ impl Stage1 {
             KernelChoice::Auto | KernelChoice::Seesaw => splits::NARROW_ROWS / 2,
             KernelChoice::Mma | KernelChoice::Wgmma | KernelChoice::WgmmaFp8 => 0,
         };
-        // The narrow kernel rounds an fp8 cache's values to the model dtype: it has no
-        // fp8-query mode, whose decodes take the mma or the packed wgmma kernel instead.
+        // The narrow kernel has no fp8-query mode (its fp8 products split a 16-bit q and P
+        // into two e4m3 terms each): those decodes take the mma or packed wgmma kernel.
         let narrow = (wgmma && heads <= narrow_heads && !shape.fp8_query)
             .then(|| narrow_variant(shape, smem_limit))
             .flatten();
@@ -1620,12 +1637,14 @@ mod tests {
         );
         // Only caches in the model dtype, and only where two tiles (18 slots) fit.
         assert!(narrow_variant(bf16(KvFormat::F16), 232_448).is_none());
-        // fp8: 32 raw slots of 4 KB, and the converted tile (9 x 8 KB).
+        // fp8: four tiles of 9 raw slots of 4 KB (the products take the codes as they land),
+        // q's two e4m3 terms in q's 16-bit bytes, and 16 floats of q scales; no producer
+        // warpgroup.
         let v = narrow_variant(bf16(KvFormat::Fp8E4m3), 232_448).unwrap();
-        assert_eq!(v.stages, 32);
+        assert_eq!((v.stages, v.threads()), (36, 256));
         assert_eq!(
             v.smem_bytes(),
-            1024 + 32 * 4096 + 9 * 8192 + 18_432 + 2 * (2048 + 256) + 32 * 16
+            1024 + 36 * 4096 + 18_432 + 2 * (2048 + 256) + 64 + 36 * 16
         );
         assert!(v.defines().contains(&"-DMLA_KV=2".to_string()));
         assert_eq!(
