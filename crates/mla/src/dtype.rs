@@ -381,6 +381,30 @@ mod tests {
         }
     }
 
+    /// The narrow kernel's fp8 products take a 16-bit value as two e4m3 terms, hi = e4m3(x)
+    /// and lo = e4m3(x - hi) (kernels/common/fp8.cuh, `e4m3x2_split`, whose rounding is
+    /// `round_e4m3`'s): every bf16 of magnitude 2^-2 to 448 is exactly their sum (the kernel
+    /// scales each head's q into that range), every such f16 within 2^-8 of itself.
+    #[test]
+    fn a_16_bit_value_is_two_e4m3_terms() {
+        let split = |x: f32| {
+            let hi = round_e4m3(x);
+            hi + round_e4m3(x - hi)
+        };
+        let in_range = |x: f32| (0.25..=448.0).contains(&x.abs());
+        for bits in 0..=u16::MAX {
+            let b = half::bf16::from_bits(bits).to_f32();
+            if in_range(b) {
+                assert_eq!(split(b), b, "bf16 {b}");
+            }
+            let f = half::f16::from_bits(bits).to_f32();
+            if in_range(f) {
+                let err = (split(f) - f).abs();
+                assert!(err <= f.abs() * 2f32.powi(-8), "f16 {f}: {err}");
+            }
+        }
+    }
+
     #[test]
     fn vllm_cache_dtype_names_parse() {
         let cases = [

@@ -202,8 +202,8 @@ __device__ __forceinline__ u32 e4m3x2_bits(float lo, float hi) {
 /// Two f32 each split into two e4m3 terms, x = hi + lo + r: hi = e4m3(x), lo = e4m3(x - hi)
 /// (x - hi is exact in f32). A bf16 of magnitude in [2^-2, 448] is exactly hi + lo (x - hi is
 /// at most 8 of x's last places, which e4m3 holds), so fp8 wgmma on both terms multiplies the
-/// value itself; an f16 keeps 8 of its 11 significant bits (|r| <= 2^-9 |x|, bf16's
-/// rounding). The narrow kernel's fp8 products (decode_narrow/NOTES.md). Returns the codes: hi's pair in the low 16
+/// value itself; an f16 keeps about 8 of its 11 significant bits (|r| <= 2^-8 |x|, twice
+/// bf16's rounding). The narrow kernel's fp8 products (decode_narrow/NOTES.md). Returns the codes: hi's pair in the low 16
 /// bits (`lo`'s code lowest), lo's pair in the high 16. sm_89 and up only.
 __device__ __forceinline__ u32 e4m3x2_split(float x0, float x1) {
     const u32 hi = e4m3x2_bits(x0, x1);

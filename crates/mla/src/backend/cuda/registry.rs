@@ -546,7 +546,7 @@ pub fn wgmma_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> {
 /// The narrow variant (few heads, [`splits::NARROW_ROWS`] rows a CTA), where it can run: an
 /// sm_90a device, a cache in the model dtype or fp8 (not the other 16-bit type), L = 512,
 /// whole 64-column chunks, and room for a ring of at least two tiles; the ring takes all the
-/// shared memory the rest leaves.
+/// shared memory the rest leaves (fp8: [`NARROW_FP8_TILES`] whole tiles, or none).
 pub fn narrow_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> {
     let d = shape.kv_lora_rank + shape.rope_dim;
     let base = shape.variant(Family::DecodeNarrow, splits::NARROW_ROWS / 16, 0);
@@ -692,7 +692,7 @@ fn mma_variant(heads: usize, shape: KernelShape, smem_limit: usize) -> Option<Va
 /// The stage-1 kernels of a decoder: its own (one query token a CTA), and on sm_90a, for up
 /// to 32 heads, the wgmma kernel's packed variant, whose CTAs take several query tokens of a
 /// request (16 heads x 4 tokens: one read of the keys serves them all), and for up to 16
-/// heads with a cache in the model dtype, the narrow kernel.
+/// heads with a cache in the model dtype or fp8, the narrow kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stage1 {
     /// The kernel of single-token decodes (and of multi-token ones that do not pack).
