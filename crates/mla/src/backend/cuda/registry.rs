@@ -546,7 +546,7 @@ pub fn wgmma_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> {
 /// The narrow variant (few heads, [`splits::NARROW_ROWS`] rows a CTA), where it can run: an
 /// sm_90a device, a cache in the model dtype or fp8 (not the other 16-bit type), L = 512,
 /// whole 64-column chunks, and room for a ring of at least two tiles; the ring takes all the
-/// shared memory the rest leaves (fp8: [`NARROW_FP8_TILES`] whole tiles, or none).
+/// shared memory the rest leaves (fp8: four whole tiles, two a consumer warpgroup, or none).
 pub fn narrow_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> {
     let d = shape.kv_lora_rank + shape.rope_dim;
     let base = shape.variant(Family::DecodeNarrow, splits::NARROW_ROWS / 16, 0);
