@@ -203,13 +203,14 @@ __device__ __forceinline__ u32 e4m3x2_bits(float lo, float hi) {
 /// (x - hi is exact in f32). A bf16 of magnitude in [2^-2, 448] is exactly hi + lo (x - hi is
 /// at most 8 of x's last places, which e4m3 holds), so fp8 wgmma on both terms multiplies the
 /// value itself; an f16 keeps about 8 of its 11 significant bits (|r| <= 2^-8 |x|, twice
-/// bf16's rounding). The narrow kernel's fp8 products (decode_narrow/NOTES.md). Returns the codes: hi's pair in the low 16
-/// bits (`lo`'s code lowest), lo's pair in the high 16. sm_89 and up only.
+/// bf16's rounding). The narrow kernel's fp8 products (decode_narrow/NOTES.md). Returns the
+/// codes: hi's pair in the low 16 bits (x0's code lowest), lo's pair in the high 16. sm_89
+/// and up only.
 __device__ __forceinline__ u32 e4m3x2_split(float x0, float x1) {
     const u32 hi = e4m3x2_bits(x0, x1);
-    u32 h;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((u16)hi));
-    const u32 lo = e4m3x2_bits(x0 - f16_to_float(h & 0xffffu), x1 - f16_to_float(h >> 16));
+    float h0, h1;
+    fp8x2_to_float<2>(hi, h0, h1);
+    const u32 lo = e4m3x2_bits(x0 - h0, x1 - h1);
     return hi | lo << 16;
 }
 

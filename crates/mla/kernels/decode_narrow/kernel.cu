@@ -107,7 +107,7 @@ constexpr int FP8_CHAINS = MLA_EXP_CHAINS;
 #define MLA_EXP_PART 4
 #endif
 // + the producer warpgroup (one warp works). Under fp8 no producer: each consumer
-// warpgroup's warp 0 issues its own tiles' copies (issue_tile), so that its threads get 255
+// warpgroup's warp 0 issues its own tiles' copies (issue_tile), so that its threads get 254
 // registers (ptxas gives every thread of a wgmma kernel the even split of its warpgroups,
 // 168 with a third one, which spilled the fp8 consumers' O^T of all L columns).
 constexpr int THREADS = CONSUMERS * 128 + (FP8 ? 0 : 128);
@@ -376,10 +376,11 @@ __device__ __forceinline__ u32 pt_offset(int c, int k) {
 /// fp8: tile t's copies into its group of slots (t % TILE_GROUPS), by warp 0 of a consumer
 /// warpgroup, once the group's previous tile (t - TILE_GROUPS) is released: lane 0 waits for
 /// that, arms the group's "full" mbarrier with the tile's bytes and issues its CHUNKS chunks
-/// from `blocks` (gather_blocks of the tile's lookups, `look`, which the caller started a
-/// tile ahead: the block table's latency is then behind the computation, as in produce()).
-/// The warpgroup's other warps wait for it at their next wgmma: a mbarrier a tile, not a
-/// chunk, keeps this short.
+/// from gather_blocks of the tile's lookups, `look`, which the caller started a tile ahead:
+/// the block table's latency is then behind the computation, as in produce(). The
+/// warpgroup's other warps wait for it at their next wgmma: a mbarrier a tile, not a chunk,
+/// keeps this short. The page's boxes are worked out again here, a few instructions: the
+/// caller's, kept live across the tile loop, spilled 16 bytes.
 __device__ __forceinline__ void issue_tile(const TmaParams& np, const Smem& sm, int t, int first, const BoxLookup& look,
                                            u32 full, u32 empty) {
     const TileBoxes boxes(np.d.page_size);
@@ -453,8 +454,8 @@ __device__ __forceinline__ void consume_fp8(const TmaParams& np, const Smem& sm,
 
     for (int t = wg; t < tiles; t += CONSUMERS) {
         const int first = first0 + t * BN;
-        // S^T = K Q^T, q's two terms side by side (2N columns), chunk by chunk as the copies
-        // land: k-step j into chain j % FP8_CHAINS.
+        // S^T = K Q^T, q's two terms side by side (2N columns), once the tile has landed (one
+        // mbarrier a tile): k-step j into chain j % FP8_CHAINS.
         float sch[FP8_CHAINS][N];  // 2N columns, N / 2 values each
 #pragma unroll
         for (int h = 0; h < FP8_CHAINS; ++h) {

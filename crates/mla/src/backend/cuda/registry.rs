@@ -553,22 +553,22 @@ pub fn narrow_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> 
     let fixed = base.smem_bytes();
     // A slot's bytes and mbarriers, from the one layout formula (smem_bytes).
     let per_slot = Variant { stages: 1, ..base }.smem_bytes() - fixed;
+    // fp8: exactly NARROW_FP8_TILES tiles (two a consumer warpgroup).
     let slots = if base.fp8() {
-        // fp8: exactly NARROW_FP8_TILES tiles (two a consumer warpgroup), if they fit.
-        let slots = NARROW_FP8_TILES * d / 64;
-        if fixed + slots * per_slot > smem_limit {
-            return None;
-        }
-        slots
+        NARROW_FP8_TILES * d / 64
     } else {
         smem_limit.saturating_sub(fixed) / per_slot
     };
-    let applies =
-        base.kv != 1 && shape.kv_lora_rank == 512 && d.is_multiple_of(64) && slots >= 2 * d / 64;
-    applies.then_some(Variant {
+    let v = Variant {
         stages: slots,
         ..base
-    })
+    };
+    let applies = base.kv != 1
+        && shape.kv_lora_rank == 512
+        && d.is_multiple_of(64)
+        && slots >= 2 * d / 64
+        && v.smem_bytes() <= smem_limit;
+    applies.then_some(v)
 }
 
 /// The narrow kernel's ring under fp8, in tiles (its `TILE_GROUPS`): the two consumer
@@ -1647,6 +1647,12 @@ mod tests {
             1024 + 36 * 4096 + 18_432 + 2 * (2048 + 256) + 64 + 36 * 16
         );
         assert!(v.defines().contains(&"-DMLA_KV=2".to_string()));
+        // Four tiles or none: the fp8 ring does not shrink to what a device has.
+        assert_eq!(
+            narrow_variant(bf16(KvFormat::Fp8E4m3), 180_000).map(|v| v.stages),
+            Some(36)
+        );
+        assert!(narrow_variant(bf16(KvFormat::Fp8E4m3), 166_912).is_none());
         assert_eq!(
             narrow_variant(bf16(KvFormat::Bf16), 180_000)
                 .unwrap()
