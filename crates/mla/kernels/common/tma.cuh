@@ -168,14 +168,17 @@ __device__ __forceinline__ TileBlocks gather_blocks(const DecodeParams& p, const
     return t;
 }
 
-/// One thread: the copies of 64-column chunk `c` of a tile into `dst` (ROW_BYTES a key: 128
-/// for a 16-bit cache, landing as the swizzled wgmma operand, 1024-byte aligned; 64 for fp8,
-/// row-major), completing on `bar`, which the caller armed with the chunk's bytes.
-template <int ROW_BYTES>
+/// One thread: the copies of chunk `c` of a tile (ELEMENTS elements of each key row: 64 of a
+/// 16-bit cache, 128 of fp8) into `dst` (ROW_BYTES a key, 128, landing as the swizzled wgmma
+/// operand, 1024-byte aligned), completing on `bar`, which the caller armed with the chunk's
+/// bytes.
+template <int ROW_BYTES, int ELEMENTS = 64>
 __device__ __forceinline__ void copy_chunk(const TensorMap* map, const TileBlocks& t, const TileBoxes& boxes, u32 dst,
                                            u32 bar, int c) {
 #pragma unroll
     for (int b = 0; b < MAX_BOXES; ++b) {
-        if (b < boxes.count) tma_load_3d(dst + b * boxes.box * ROW_BYTES, map, bar, c * 64, t.slot_in_page, t.block[b]);
+        if (b < boxes.count) {
+            tma_load_3d(dst + b * boxes.box * ROW_BYTES, map, bar, c * ELEMENTS, t.slot_in_page, t.block[b]);
+        }
     }
 }

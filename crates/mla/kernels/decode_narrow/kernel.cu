@@ -55,16 +55,16 @@
  * Kernel-development switches (MLA_EXTRA_DEFINES, fp8 only, never in a shipped build):
  * MLA_EXP_NO_S, MLA_EXP_NO_PV drop a product, MLA_EXP_NO_VF the value fragments' loads (to
  * time the rest; results are wrong); MLA_EXP_CHAINS (S^T's accumulators, 6), MLA_EXP_PART
- * (m-tiles of a value pass, 4 or 2).
+ * (m-tiles of a value pass, 2 or 4).
  *
  * Compile-time configuration (-D):
  *   MLA_L, MLA_R  latent and rotary widths (L = 512, (L + R) % 64 == 0)
  *   MLA_BF16      1: the model dtype is bf16, 0: f16
  *   MLA_KV        0: the cache in the model dtype; 2: fp8 e4m3, 3: fp8 e5m2 (chunks of 64 keys
- *                 x 64 codes as they land, 64-byte swizzle; the fp8 block above)
+ *                 x 128 codes as they land, 128-byte swizzle; the fp8 block above)
  *   MLA_N         columns (query rows) a CTA: 16 or 32 (fp8: 16)
- *   MLA_SLOTS     chunk slots in the ring (8 KB: the host fills the device's shared memory;
- *                 fp8, 4 KB: TILE_GROUPS whole tiles)
+ *   MLA_SLOTS     8 KB chunk slots in the ring (the host fills the device's shared memory;
+ *                 fp8: TILE_GROUPS whole tiles)
  */
 #include "common/fp8.cuh"
 #include "common/keys.cuh"
@@ -82,12 +82,16 @@ constexpr int D = L + MLA_R;
 constexpr int N = MLA_N;                 // columns: query rows of the CTA
 constexpr int SLOTS = MLA_SLOTS;         // chunk slots in the ring
 constexpr int BN = TMA_TILE;             // keys per tile: wgmma's M
-constexpr int CHUNKS = D / 64;           // 64-column chunks of a key row
-constexpr int V_CHUNKS = L / 64;         // the value part
-constexpr int CHUNK_BYTES = BN * 128;    // one chunk of a tile in the model dtype, swizzled
 constexpr int KV = MLA_KV;
 constexpr bool FP8 = KV >= 2;
-constexpr int RAW_ROW = FP8 ? 64 : 128;  // bytes of a key's chunk as it lands
+// Chunks of a key row, 128 bytes of it each: 64 elements of a 16-bit cache, 128 codes of an
+// fp8 one (5 for D = 576: the last one's second half is past the row, which the TMA unit
+// fills with zeros and no product reads).
+constexpr int CHUNK_CODES = FP8 ? 128 : 64;
+constexpr int CHUNKS = (D + CHUNK_CODES - 1) / CHUNK_CODES;
+constexpr int V_CHUNKS = L / 64;         // the value part (16-bit: chunks)
+constexpr int CHUNK_BYTES = BN * 128;    // one chunk of a tile in the model dtype, swizzled
+constexpr int RAW_ROW = 128;             // bytes of a key's chunk as it lands (128-byte swizzle)
 constexpr int RAW_BYTES = BN * RAW_ROW;  // a ring slot
 constexpr int NX = FP8 ? 2 * N : N;      // S^T's columns: fp8 multiplies q's two e4m3 terms
 constexpr float P_SCALE = 256.0f;        // fp8: P x 256 is split (e4m3's normal range)
@@ -102,9 +106,10 @@ constexpr int S_CHAINS = 3;              // independent accumulators of S^T
 #define MLA_EXP_CHAINS 6
 #endif
 constexpr int FP8_CHAINS = MLA_EXP_CHAINS;
-// fp8: the value product's m-tiles a pass (MLA_EXP_PART: 4, all of a latent half; or 2).
+// fp8: the value product's m-tiles a pass (MLA_EXP_PART: 2, or 4, all of a latent half: with
+// the 128-byte chunks that spilled 4 bytes; the second call measured 2 about 1% faster).
 #ifndef MLA_EXP_PART
-#define MLA_EXP_PART 4
+#define MLA_EXP_PART 2
 #endif
 // + the producer warpgroup (one warp works). Under fp8 no producer: each consumer
 // warpgroup's warp 0 issues its own tiles' copies (issue_tile), so that its threads get 254
@@ -125,7 +130,9 @@ constexpr int PRODUCER_WARP = CONSUMERS * 4;
 constexpr int PRODUCER_REGS = 56;
 constexpr int CONSUMER_REGS = 224;
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536, "the register file");
-constexpr int Q_BYTES = CHUNKS * N * 128;
+// q: N x D 16-bit, swizzled; fp8: its two e4m3 terms, 2N rows of whole chunks (the 16-bit q
+// lands there first, D / 64 chunks of N rows).
+constexpr int Q_BYTES = CHUNKS * (FP8 ? 2 * N : N) * 128;
 constexpr int PT_BYTES = N * 128;        // P^T of a tile: N rows of 64 keys
 constexpr int RED_BYTES = 4 * N * 4;     // the 4 warps' column maxima
 constexpr int UNIT_BYTES = FP8 ? N * 4 : 0;  // fp8: each column's q scale (unit())
@@ -142,16 +149,18 @@ static_assert(N == 16 || N == 32, "N = 16 or 32");
 static_assert(!FP8 || N == 16, "fp8: S^T's 2N columns are one m64n32 product");
 static_assert(!FP8 || (SLOTS == TILE_GROUPS * CHUNKS && TILE_GROUPS % CONSUMERS == 0),
               "fp8: a ring of whole tiles, as many for each warpgroup");
+static_assert(!FP8 || TILE_GROUPS < SLOTS, "fp8: a spare mbarrier for the merge");
 static_assert(SLOTS >= 2 * CHUNKS, "the ring holds a tile for each consumer");
 static_assert(CONSUMERS * N * LP * 4 <= SLOTS * RAW_BYTES, "the transposed outputs fit in the ring");
 static_assert(KV == 0 || KV == 2 || KV == 3, "a cache in the model dtype, or fp8");
-static_assert(V_CHUNKS % CONSUMERS == 0 && CHUNKS / OWN >= CONSUMERS, "value chunks split evenly");
+static_assert(FP8 || (V_CHUNKS % CONSUMERS == 0 && CHUNKS / OWN >= CONSUMERS), "value chunks split evenly");
+static_assert(!FP8 || (L % 128 == 0 && N * D * 2 <= Q_BYTES), "fp8: whole value chunks; q lands in its terms' bytes");
 
 struct Smem {
     unsigned char* base;  // 1024-byte aligned
     __device__ unsigned char* slot(int s) const { return base + s * RAW_BYTES; }
     /// q as S^T's B operand: N x D 16-bit (swizzled), or under fp8 its two e4m3 terms, 2N x D
-    /// bytes (64-byte swizzle: rows 0 .. N - 1 hi, N .. 2N - 1 lo), in the same bytes.
+    /// bytes (128-byte swizzle: rows 0 .. N - 1 hi, N .. 2N - 1 lo), in the same bytes.
     __device__ unsigned char* q() const { return base + SLOTS * RAW_BYTES; }
     /// P^T of warpgroup w: N rows of 64 keys, 16-bit (swizzled), or under fp8 the two e4m3
     /// terms of P x P_SCALE, N x 64 bytes each (64-byte swizzle, hi then lo).
@@ -160,6 +169,9 @@ struct Smem {
     /// fp8: column c's q was scaled by 1 / unit()[c] (a power of two) before the split.
     __device__ float* unit() const { return red(CONSUMERS); }
     __device__ u64* full() const { return (u64*)(pt(CONSUMERS) + CONSUMERS * RED_BYTES + UNIT_BYTES); }
+    /// fp8: the merge's mbarrier (every consumer thread's arrival a phase): the last "full"
+    /// one, which tiles leave unused (they take the first TILE_GROUPS).
+    __device__ u64* merge_bar() const { return full() + SLOTS - 1; }
     __device__ u64* empty() const { return full() + SLOTS; }
     // The end of the split, once every tile is consumed: the outputs transposed in the ring,
     // the row maxima where P^T was (the sums go where the column maxima were).
@@ -262,7 +274,7 @@ __device__ __forceinline__ int column(int slot, int lane) {
 }
 
 /// fp8: q (landed 16-bit, swizzled) rewritten in place as its two e4m3 terms, S^T's B
-/// operand of 2N columns (K-major, 64-byte swizzle: column c's hi in row c, lo in row N + c):
+/// operand of 2N columns (K-major, 128-byte swizzle: column c's hi in row c, lo in row N + c):
 /// column c times 2^e, e putting its largest magnitude in [128, 256) (bf16's every element
 /// from 2^-2 on then splits exactly), split by e4m3x2_split; unit()[c] = 2^-e goes on the
 /// scores. By both consumer warpgroups, 16 threads a column and 9 pieces of 4 elements a
@@ -299,20 +311,17 @@ __device__ __forceinline__ void split_q(const Smem& sm) {
         const u32 a = e4m3x2_split(v[k][0] * scale, v[k][1] * scale);
         const u32 b = e4m3x2_split(v[k][2] * scale, v[k][3] * scale);
         // Elements 4u .. 4u + 3: piece u / 4 of the row (16 codes), bytes 4 (u % 4) on.
-        *(u32*)(sm.q() + swizzled64<NX>(c, u / 4) + (u % 4) * 4) = (a & 0xffffu) | b << 16;
-        *(u32*)(sm.q() + swizzled64<NX>(N + c, u / 4) + (u % 4) * 4) = a >> 16 | (b & 0xffff0000u);
+        *(u32*)(sm.q() + swizzled<NX>(c, u / 4) + (u % 4) * 4) = (a & 0xffffu) | b << 16;
+        *(u32*)(sm.q() + swizzled<NX>(N + c, u / 4) + (u % 4) * 4) = a >> 16 | (b & 0xffff0000u);
     }
     if (sub == 0) sm.unit()[c] = pow2(-e);
     fence_proxy_async();  // the terms are read by wgmma
 }
 
 /// fp8: where P^T's term element (column c, key k) lies in its tile (N rows of 64 bytes,
-/// 64-byte swizzle): at fragment key f of the value product, key k with its two 2-bit fields
-/// swapped (value_fragments: fragment key 16 h + 4 c' + e of a k-step is its key 16 h + 4 e
-/// + c', so that a lane's four loads of a step read four neighbouring keys).
+/// 64-byte swizzle; key k is the value product's fragment key k: value_fragments).
 __device__ __forceinline__ u32 pt8_offset(int c, int k) {
-    const int f = (k & ~15) | (k & 3) << 2 | (k >> 2 & 3);
-    return swizzled64<N>(c, f / 16) + f % 16;
+    return swizzled64<N>(c, k / 16) + k % 16;
 }
 
 /// y[b] = byte b of x[0], x[1], x[2], x[3] (x[e]'s in byte e): a 4 x 4 byte transpose, eight prmt.
@@ -326,16 +335,17 @@ __device__ __forceinline__ void transpose4(const u32 (&x)[4], u32* y) {
 }
 
 /// fp8: this thread's A fragments of V^T for k-step kk (keys 32 kk .. 32 kk + 31 of the tile)
-/// of MT of its OWN m-tiles (from m-tile MT part on), from the raw value chunk at `chunk` (this
-/// warp's 64 latent columns, 64-byte swizzle). Fragment row g + 8 r of m-tile i (g = lane /
-/// 4) is the chunk's column 8 g + 2 i + r, so one load of a key (8 bytes for all 4 m-tiles,
-/// 4 for 2) holds its codes for every m-tile it covers; fragment keys 16 h + 4 c + e (c =
-/// lane % 4) are keys 16 h + 4 e + c (pt8_offset), so that a warp's load reads four
-/// neighbouring key rows (two bank passes for 8 bytes a lane, the fewest). Keys outside `keys`
-/// are zeros where `edge` (P is 0 there, and 0 x a NaN code must not be NaN).
+/// of MT of its OWN m-tiles (from m-tile MT part on), from the raw value chunk at `chunk`
+/// (128-byte swizzle), of which this warp's 64 latent columns start at 16-byte piece `piece0`
+/// (0 or 4). Fragment row g + 8 r of m-tile i (g = lane / 4) is the warp's column 8 g + 2 i + r,
+/// so one load of a key (8 bytes for all 4 m-tiles, 4 for 2) holds its codes for every m-tile
+/// it covers; a lane's fragment keys 16 h + 4 c + e (c = lane % 4) are those keys, so that a
+/// warp's load reads keys 4 apart, two with each half of the swizzle (two bank passes for 8
+/// bytes a lane, the fewest). Keys outside `keys` are zeros where `edge` (P is 0 there, and
+/// 0 x a NaN code must not be NaN).
 template <int MT>
-__device__ __forceinline__ void value_fragments(u32 chunk, int kk, int part, int lane, int first, const KeyRange& keys,
-                                                bool edge, u32 (&a)[MT][4]) {
+__device__ __forceinline__ void value_fragments(u32 chunk, int piece0, int kk, int part, int lane, int first,
+                                                const KeyRange& keys, bool edge, u32 (&a)[MT][4]) {
     static_assert(MT == 2 || MT == 4, "loads of 4 or 8 bytes a key");
     const int g = lane / 4, c = lane % 4;
 #pragma unroll
@@ -343,8 +353,8 @@ __device__ __forceinline__ void value_fragments(u32 chunk, int kk, int part, int
         u32 w[MT / 2][4];  // word i of key e's codes
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const int k = 32 * kk + 16 * h + 4 * e + c;
-            const u32 at = chunk + swizzled64<BN>(k, g / 2) + (g % 2) * 8 + 2 * MT * part;
+            const int k = 32 * kk + 16 * h + 4 * c + e;
+            const u32 at = chunk + swizzled<BN>(k, piece0 + g / 2) + (g % 2) * 8 + 2 * MT * part;
             const bool zero = edge && (first + k < keys.start || first + k >= keys.end);
             if constexpr (MT == 4) {
                 const u32x2 v = ld_shared_u32x2(at);
@@ -392,7 +402,7 @@ __device__ __forceinline__ void issue_tile(const TmaParams& np, const Smem& sm, 
         mbar_expect_bytes(full + 8 * g, CHUNKS * RAW_BYTES);
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
-            copy_chunk<RAW_ROW>(&np.kv_map, blocks, boxes, ring + c * RAW_BYTES, full + 8 * g, c);
+            copy_chunk<RAW_ROW, CHUNK_CODES>(&np.kv_map, blocks, boxes, ring + c * RAW_BYTES, full + 8 * g, c);
         }
     }
     __syncwarp();
@@ -467,12 +477,14 @@ __device__ __forceinline__ void consume_fp8(const TmaParams& np, const Smem& sm,
         wgmma_fence();  // after the divergent wait (else ptxas serializes every wgmma)
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
-            const u64 kd = smem_desc64(chunk(t, c), 16, 512);
-            const u64 qd = opaque(smem_desc64(q_addr + c * NX * 64, 16, 512));
+            const u64 kd = smem_desc(chunk(t, c), 16, 1024);
+            const u64 qd = opaque(smem_desc(q_addr + c * NX * 128, 16, 1024));
+            // 4 k-steps of 32 codes a chunk; the last chunk's past D are not read.
+            constexpr int LAST = (D - (CHUNKS - 1) * CHUNK_CODES) / 32;
 #pragma unroll
 #ifndef MLA_EXP_NO_S
-            for (int k = 0; k < 2; ++k) {
-                wgmma_m64n32k32_fp8<KV>(sch[(2 * c + k) % FP8_CHAINS], desc_at(kd, 32 * k), desc_at(qd, 32 * k), 1);
+            for (int k = 0; k < (c + 1 < CHUNKS ? CHUNK_CODES / 32 : LAST); ++k) {
+                wgmma_m64n32k32_fp8<KV>(sch[(4 * c + k) % FP8_CHAINS], desc_at(kd, 32 * k), desc_at(qd, 32 * k), 1);
             }
 #endif
         }
@@ -564,7 +576,9 @@ __device__ __forceinline__ void consume_fp8(const TmaParams& np, const Smem& sm,
 #pragma unroll
                 for (int kk = 0; kk < BN / 32; ++kk) {
 #ifndef MLA_EXP_NO_VF
-                    value_fragments<MT>(chunk(t, OWN * h2 + w4), kk, part, lane_now, first, keys, edge, a[kk]);
+                    // This warp's 64 columns: half (OWN h2 + w4) % 2 of value chunk (OWN h2 + w4) / 2.
+                    const int v64 = OWN * h2 + w4;
+                    value_fragments<MT>(chunk(t, v64 / 2), 4 * (v64 % 2), kk, part, lane_now, first, keys, edge, a[kk]);
 #else
                     for (int j = 0; j < MT; ++j) a[kk][j][0] = a[kk][j][1] = a[kk][j][2] = a[kk][j][3] = (u32)lane_now;
 #endif
@@ -620,15 +634,23 @@ __device__ __forceinline__ void consume_fp8(const TmaParams& np, const Smem& sm,
     // its O^T times 2^(its max - the max of both) transposed through the ring (free once
     // both are done with their tiles); then o = the two summed, over the sums likewise scaled.
     // (Shared memory through a base made opaque here: else its addresses are computed before
-    // the loop and kept across it.)
+    // the loop and kept across it.) The merge's barriers are phases of an mbarrier of every
+    // thread's arrival: compute-sanitizer's racecheck follows those, where across the named
+    // barrier of all 256 threads it reported the maxima's and sums' exchange (its known
+    // trouble with warpgroups crossing named barriers of their own, here unevenly).
     const Smem fin{(unsigned char*)opaque((u64)sm.base)};
+    const u32 merge = smem_addr(fin.merge_bar());
+    const auto merge_sync = [merge](u32 phase) {
+        mbar_arrive(merge);
+        mbar_wait(merge, phase & 1);
+    };
 #pragma unroll
     for (int ci = 0; ci < COLS; ++ci) {
         l[ci] += __shfl_xor_sync(0xffffffffu, l[ci], 4);
         l[ci] += __shfl_xor_sync(0xffffffffu, l[ci], 8);
         l[ci] += __shfl_xor_sync(0xffffffffu, l[ci], 16);
     }
-    named_barrier(3, CONSUMERS * 128);  // both warpgroups are done with the ring, red and P^T
+    merge_sync(0);  // both warpgroups are done with the ring, red and P^T
 #pragma unroll
     for (int ci = 0; ci < COLS; ++ci) {
         const int c = column(ci, lane);
@@ -637,7 +659,7 @@ __device__ __forceinline__ void consume_fp8(const TmaParams& np, const Smem& sm,
             if (w4 == 0) fin.maxima(wg)[c] = m[ci];
         }
     }
-    named_barrier(3, CONSUMERS * 128);  // both warpgroups' maxima and sums
+    merge_sync(1);  // both warpgroups' maxima and sums
     // 2^(this warpgroup's max - the max of both), 0 where it saw no key of the column.
     const auto weight = [&](int w, int c) {
         const float mw = fin.maxima(w)[c], mx = fmaxf(fin.maxima(0)[c], fin.maxima(1)[c]);
@@ -659,9 +681,11 @@ __device__ __forceinline__ void consume_fp8(const TmaParams& np, const Smem& sm,
             }
         }
     }
-    named_barrier(3, CONSUMERS * 128);  // both warpgroups' O^T in the ring
+    merge_sync(2);  // both warpgroups' O^T in the ring
 
-    // O / l and the LSE, four latent columns a thread.
+    // O / l and the LSE, four latent columns a thread. (k_scale read again: kept across the
+    // loop, it spilled.)
+    const float out_scale = read_k_scale(p, false) / P_SCALE;
     for (int i = tid; i < N * (L / 4); i += CONSUMERS * 128) {
         const int c = i / (L / 4), col = 4 * (i % (L / 4));
         if (!cols.real(c)) continue;
@@ -673,7 +697,7 @@ __device__ __forceinline__ void consume_fp8(const TmaParams& np, const Smem& sm,
         }
         // A column with no key in the split (sum 0) gets o = 0 and lse = -inf (the combine
         // gives the split no weight); the values were codes times P x P_SCALE.
-        const float inv = sum > 0.0f ? k_scale / P_SCALE / sum : 0.0f;
+        const float inv = sum > 0.0f ? out_scale / sum : 0.0f;
         const f32x4 v0 = *(const f32x4*)(fin.merged(0) + c * LP + col);
         const f32x4 v1 = *(const f32x4*)(fin.merged(1) + c * LP + col);
         const float o[4] = {(v0.x + v1.x) * inv, (v0.y + v1.y) * inv, (v0.z + v1.z) * inv, (v0.w + v1.w) * inv};
@@ -717,7 +741,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
     const u32 full = smem_addr(sm.full()), empty = smem_addr(sm.empty());
     if (tid == 0) {
         for (int s = 0; s < SLOTS; ++s) {
-            mbar_init(full + 8 * s, 1);
+            mbar_init(full + 8 * s, FP8 && s == SLOTS - 1 ? CONSUMERS * 128 : 1);
             // Every consumer warp reads each chunk; fp8 counts whole tiles (the first
             // TILE_GROUPS), each read by the four warps of one warpgroup.
             mbar_init(empty + 8 * s, FP8 ? 4 : 4 * CONSUMERS);

@@ -165,9 +165,9 @@ unsafe impl KernelParams for TmaScheduleParams {}
 
 /// A 3-D tensor in global memory as the TMA unit reads it: `dims` (innermost first) with
 /// `strides` in bytes for dims 1 and 2 (multiples of 16), copied in boxes of `boxes`
-/// elements. 16-bit elements land with the 128-byte swizzle (the innermost box is 64
-/// elements, 128 bytes: the wgmma operand); bytes (fp8) with the 64-byte swizzle (64 codes,
-/// the fp8 wgmma operand, K-major). Parts of a box outside the tensor read as zeros.
+/// elements. Both land with the 128-byte swizzle (the innermost box is 128 bytes, 64 16-bit
+/// elements or 128 fp8 codes: the wgmma operand, K-major for fp8). Parts of a box outside the
+/// tensor read as zeros.
 ///
 /// # Errors
 /// [`Error::Driver`] if the driver refuses the description.
@@ -187,7 +187,7 @@ pub(crate) fn tensor_map_3d(
     } else {
         (
             sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
         )
     };
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();

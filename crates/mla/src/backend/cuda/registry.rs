@@ -381,15 +381,16 @@ impl Variant {
                 // (each column's q scale); two mbarriers a slot.
                 let n = 16 * self.row_warps;
                 let d = self.kv_lora_rank + self.rope_dim;
-                // A slot holds a chunk as it lands (fp8: raw, 1 byte an element).
-                let (slot, units) = if self.fp8() {
-                    (NARROW_CHUNK / 2, 4 * n)
+                // A slot holds a chunk as it lands (128 bytes of each key: fp8, 128 codes);
+                // fp8's q takes its two terms, 2N rows of whole chunks.
+                let (q, units) = if self.fp8() {
+                    (2 * n * 128 * d.div_ceil(128), 4 * n)
                 } else {
-                    (NARROW_CHUNK, 0)
+                    (n * d * 2, 0)
                 };
                 return 1024
-                    + self.stages * slot
-                    + n * d * 2
+                    + self.stages * NARROW_CHUNK
+                    + q
                     + 2 * (n * 128 + 16 * n)
                     + units
                     + 16 * self.stages;
@@ -553,9 +554,9 @@ pub fn narrow_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> 
     let fixed = base.smem_bytes();
     // A slot's bytes and mbarriers, from the one layout formula (smem_bytes).
     let per_slot = Variant { stages: 1, ..base }.smem_bytes() - fixed;
-    // fp8: exactly NARROW_FP8_TILES tiles (two a consumer warpgroup).
+    // fp8: exactly NARROW_FP8_TILES tiles (two a consumer warpgroup) of 128-code chunks.
     let slots = if base.fp8() {
-        NARROW_FP8_TILES * d / 64
+        NARROW_FP8_TILES * d.div_ceil(128)
     } else {
         smem_limit.saturating_sub(fixed) / per_slot
     };
@@ -1637,22 +1638,23 @@ mod tests {
         );
         // Only caches in the model dtype, and only where two tiles (18 slots) fit.
         assert!(narrow_variant(bf16(KvFormat::F16), 232_448).is_none());
-        // fp8: four tiles of 9 raw slots of 4 KB (the products take the codes as they land),
-        // q's two e4m3 terms in q's 16-bit bytes, and 16 floats of q scales; no producer
-        // warpgroup.
+        // fp8: four tiles of 5 raw slots of 8 KB (128 codes of each key, the last slot's half
+        // past the row; the products take the codes as they land), q's two e4m3 terms (32
+        // rows of 5 chunks, where the 16-bit q lands first), and 16 floats of q scales; no
+        // producer warpgroup.
         let v = narrow_variant(bf16(KvFormat::Fp8E4m3), 232_448).unwrap();
-        assert_eq!((v.stages, v.threads()), (36, 256));
+        assert_eq!((v.stages, v.threads()), (20, 256));
         assert_eq!(
             v.smem_bytes(),
-            1024 + 36 * 4096 + 18_432 + 2 * (2048 + 256) + 64 + 36 * 16
+            1024 + 20 * 8192 + 20_480 + 2 * (2048 + 256) + 64 + 20 * 16
         );
         assert!(v.defines().contains(&"-DMLA_KV=2".to_string()));
         // Four tiles or none: the fp8 ring does not shrink to what a device has.
         assert_eq!(
-            narrow_variant(bf16(KvFormat::Fp8E4m3), 180_000).map(|v| v.stages),
-            Some(36)
+            narrow_variant(bf16(KvFormat::Fp8E4m3), 200_000).map(|v| v.stages),
+            Some(20)
         );
-        assert!(narrow_variant(bf16(KvFormat::Fp8E4m3), 166_912).is_none());
+        assert!(narrow_variant(bf16(KvFormat::Fp8E4m3), 180_000).is_none());
         assert_eq!(
             narrow_variant(bf16(KvFormat::Bf16), 180_000)
                 .unwrap()

@@ -19,8 +19,8 @@ pub(crate) struct MapShape {
 impl MapShape {
     /// The cache of `plan` at address `kv`: D elements (16 bits, or fp8 bytes) a key,
     /// `page_size` keys a page, `num_blocks` pages (the plan's strides, which `pointers`
-    /// checked are multiples of 16 bytes), in boxes of 64 elements x min(page_size, 64) keys
-    /// x 1 page.
+    /// checked are multiples of 16 bytes), in boxes of 128 bytes (64 16-bit elements, 128 fp8
+    /// codes) x min(page_size, 64) keys x 1 page.
     pub(crate) fn kv_cache(plan: &DecodePlan, kv: u64) -> MapShape {
         let u = |x: usize| x as u64;
         let element_bytes = plan.kv_format.size();
@@ -36,7 +36,11 @@ impl MapShape {
                 u(plan.kv.token_stride * element_bytes),
                 u(plan.kv.page_stride * element_bytes),
             ],
-            boxes: [64, plan.kv.page_size.min(64) as u32, 1],
+            boxes: [
+                (128 / element_bytes) as u32,
+                plan.kv.page_size.min(64) as u32,
+                1,
+            ],
         }
     }
 
