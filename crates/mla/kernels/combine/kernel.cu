@@ -138,8 +138,9 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mla_decode_combine(cons
             // 1. This warp's splits, rows_a_warp at a time, merged online.
             float m = NO_KEY_LSE, total = 0.0f;  // base 2
             f32x4 acc = {0.0f, 0.0f, 0.0f, 0.0f};
-            // A warp's next batch (the split grid's warps never take two unless full ones).
-            for (int s0 = w; s0 < splits; s0 += (MLA_SCHED ? rows_a_warp : BATCH) * W) {
+            // A warp's next batch (on the split grid a warp takes a second only after a full one:
+            // rows_a_warp is BATCH then).
+            for (int s0 = w; s0 < splits; s0 += rows_a_warp * W) {
                 const int n = min(rows_a_warp, (splits - s0 + W - 1) / W);  // this batch's splits
 #pragma unroll 1
                 for (int b = 0; b < n; ++b) {

@@ -105,12 +105,8 @@ __device__ __forceinline__ KeyRange piece_keys(KeyRange job, const Piece& pc) {
 /// scheduled, the split grid's row otherwise.
 __device__ __forceinline__ i64 piece_at(const DecodeParams& p, const Piece& pc, int job_rows, int r, int row,
                                         int head) {
-#ifdef MLA_EXP_LPT
-    // The split grid's split is the piece's, not blockIdx.y (grid_piece reorders the CTAs).
+    // The split grid's split is the piece's (blockIdx.y, or under MLA_EXP_LPT grid_piece's order).
     if (pc.slot < 0) return p.num_kv_splits == 1 ? -1 : split_slot(p, row, pc.split, head);
-#else
-    if (pc.slot < 0) return grid_at(p, row, head);
-#endif
     return pc.splits == 1 ? -1 : (i64)pc.slot * job_rows + r;
 }
 
