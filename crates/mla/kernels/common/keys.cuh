@@ -113,10 +113,15 @@ __device__ __forceinline__ i64 split_slot(const DecodeParams& p, int row, int sp
     return ((i64)row * p.num_kv_splits + split) * p.heads + head;
 }
 
-/// Where the split grid's CTA (split blockIdx.y) writes row `row`, head `head`: o and lse
-/// with one split (-1), else the split's workspace row.
+/// Where split `split` of the split grid writes row `row`, head `head`: o and lse with one
+/// split (-1), else the split's workspace row.
+__device__ __forceinline__ i64 grid_at(const DecodeParams& p, int row, int head, int split) {
+    return p.num_kv_splits == 1 ? -1 : split_slot(p, row, split, head);
+}
+
+/// grid_at for this CTA's split, blockIdx.y.
 __device__ __forceinline__ i64 grid_at(const DecodeParams& p, int row, int head) {
-    return p.num_kv_splits == 1 ? -1 : split_slot(p, row, blockIdx.y, head);
+    return grid_at(p, row, head, (int)blockIdx.y);
 }
 
 /// Output pairs i = 0 .. PAIRS - 1 of row `row`, head `head`, at latent columns col(i) and

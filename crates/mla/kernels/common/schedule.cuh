@@ -106,7 +106,7 @@ __device__ __forceinline__ KeyRange piece_keys(KeyRange job, const Piece& pc) {
 __device__ __forceinline__ i64 piece_at(const DecodeParams& p, const Piece& pc, int job_rows, int r, int row,
                                         int head) {
     // The split grid's split is the piece's (blockIdx.y, or under MLA_EXP_LPT grid_piece's order).
-    if (pc.slot < 0) return p.num_kv_splits == 1 ? -1 : split_slot(p, row, pc.split, head);
+    if (pc.slot < 0) return grid_at(p, row, head, pc.split);
     return pc.splits == 1 ? -1 : (i64)pc.slot * job_rows + r;
 }
 

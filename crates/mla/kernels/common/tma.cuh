@@ -168,17 +168,14 @@ __device__ __forceinline__ TileBlocks gather_blocks(const DecodeParams& p, const
     return t;
 }
 
-/// One thread: the copies of chunk `c` of a tile (ELEMENTS elements of each key row: 64 of a
-/// 16-bit cache, 128 of fp8) into `dst` (ROW_BYTES a key, 128, landing as the swizzled wgmma
-/// operand, 1024-byte aligned), completing on `bar`, which the caller armed with the chunk's
-/// bytes.
-template <int ROW_BYTES, int ELEMENTS = 64>
+/// One thread: the copies of chunk `c` of a tile (ELEMENTS elements, 128 bytes, of each key
+/// row: 64 of a 16-bit cache, 128 of fp8) into `dst` (landing as the swizzled wgmma operand,
+/// 1024-byte aligned), completing on `bar`, which the caller armed with the chunk's bytes.
+template <int ELEMENTS>
 __device__ __forceinline__ void copy_chunk(const TensorMap* map, const TileBlocks& t, const TileBoxes& boxes, u32 dst,
                                            u32 bar, int c) {
 #pragma unroll
     for (int b = 0; b < MAX_BOXES; ++b) {
-        if (b < boxes.count) {
-            tma_load_3d(dst + b * boxes.box * ROW_BYTES, map, bar, c * ELEMENTS, t.slot_in_page, t.block[b]);
-        }
+        if (b < boxes.count) tma_load_3d(dst + b * boxes.box * 128, map, bar, c * ELEMENTS, t.slot_in_page, t.block[b]);
     }
 }

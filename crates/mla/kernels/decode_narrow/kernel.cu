@@ -90,9 +90,7 @@ constexpr bool FP8 = KV >= 2;
 constexpr int CHUNK_CODES = FP8 ? 128 : 64;
 constexpr int CHUNKS = (D + CHUNK_CODES - 1) / CHUNK_CODES;
 constexpr int V_CHUNKS = L / 64;         // the value part (16-bit: chunks)
-constexpr int CHUNK_BYTES = BN * 128;    // one chunk of a tile in the model dtype, swizzled
-constexpr int RAW_ROW = 128;             // bytes of a key's chunk as it lands (128-byte swizzle)
-constexpr int RAW_BYTES = BN * RAW_ROW;  // a ring slot
+constexpr int CHUNK_BYTES = BN * 128;    // a ring slot: one chunk of a tile as it lands, swizzled
 constexpr int NX = FP8 ? 2 * N : N;      // S^T's columns: fp8 multiplies q's two e4m3 terms
 constexpr float P_SCALE = 256.0f;        // fp8: P x 256 is split (e4m3's normal range)
 constexpr int CONSUMERS = 2;             // warpgroups sharing each tile
@@ -151,17 +149,17 @@ static_assert(!FP8 || (SLOTS == TILE_GROUPS * CHUNKS && TILE_GROUPS % CONSUMERS 
               "fp8: a ring of whole tiles, as many for each warpgroup");
 static_assert(!FP8 || TILE_GROUPS < SLOTS, "fp8: a spare mbarrier for the merge");
 static_assert(SLOTS >= 2 * CHUNKS, "the ring holds a tile for each consumer");
-static_assert(CONSUMERS * N * LP * 4 <= SLOTS * RAW_BYTES, "the transposed outputs fit in the ring");
+static_assert(CONSUMERS * N * LP * 4 <= SLOTS * CHUNK_BYTES, "the transposed outputs fit in the ring");
 static_assert(KV == 0 || KV == 2 || KV == 3, "a cache in the model dtype, or fp8");
 static_assert(FP8 || (V_CHUNKS % CONSUMERS == 0 && CHUNKS / OWN >= CONSUMERS), "value chunks split evenly");
 static_assert(!FP8 || (L % 128 == 0 && N * D * 2 <= Q_BYTES), "fp8: whole value chunks; q lands in its terms' bytes");
 
 struct Smem {
     unsigned char* base;  // 1024-byte aligned
-    __device__ unsigned char* slot(int s) const { return base + s * RAW_BYTES; }
+    __device__ unsigned char* slot(int s) const { return base + s * CHUNK_BYTES; }
     /// q as S^T's B operand: N x D 16-bit (swizzled), or under fp8 its two e4m3 terms, 2N x D
     /// bytes (128-byte swizzle: rows 0 .. N - 1 hi, N .. 2N - 1 lo), in the same bytes.
-    __device__ unsigned char* q() const { return base + SLOTS * RAW_BYTES; }
+    __device__ unsigned char* q() const { return base + SLOTS * CHUNK_BYTES; }
     /// P^T of warpgroup w: N rows of 64 keys, 16-bit (swizzled), or under fp8 the two e4m3
     /// terms of P x P_SCALE, N x 64 bytes each (64-byte swizzle, hi then lo).
     __device__ unsigned char* pt(int w) const { return q() + Q_BYTES + w * PT_BYTES; }
@@ -183,7 +181,7 @@ struct Smem {
 
 /// Shared memory the kernel needs (the host checks it against its own count).
 extern "C" __constant__ int mla_decode_smem_bytes =
-    ALIGN + SLOTS * RAW_BYTES + Q_BYTES + CONSUMERS * (PT_BYTES + RED_BYTES) + UNIT_BYTES + BAR_BYTES;
+    ALIGN + SLOTS * CHUNK_BYTES + Q_BYTES + CONSUMERS * (PT_BYTES + RED_BYTES) + UNIT_BYTES + BAR_BYTES;
 
 namespace {
 
@@ -220,8 +218,8 @@ __device__ __forceinline__ void produce(const TmaParams& np, const Smem& sm, int
         if (lane == 0) {
             for (int c = 0; c < CHUNKS; ++c) {
                 if (reused) mbar_wait(empty + 8 * s, phase ^ 1);
-                mbar_expect_bytes(full + 8 * s, RAW_BYTES);
-                copy_chunk<RAW_ROW>(&np.kv_map, blocks, boxes, ring + s * RAW_BYTES, full + 8 * s, c);
+                mbar_expect_bytes(full + 8 * s, CHUNK_BYTES);
+                copy_chunk<CHUNK_CODES>(&np.kv_map, blocks, boxes, ring + s * CHUNK_BYTES, full + 8 * s, c);
                 if (++s == SLOTS) {
                     s = 0;
                     phase ^= 1;
@@ -399,10 +397,10 @@ __device__ __forceinline__ void issue_tile(const TmaParams& np, const Smem& sm, 
         const int use = t / TILE_GROUPS, g = t % TILE_GROUPS;
         const u32 ring = smem_addr(sm.slot(g * CHUNKS));
         if (use > 0) mbar_wait(empty + 8 * g, (use - 1) & 1);
-        mbar_expect_bytes(full + 8 * g, CHUNKS * RAW_BYTES);
+        mbar_expect_bytes(full + 8 * g, CHUNKS * CHUNK_BYTES);
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
-            copy_chunk<RAW_ROW, CHUNK_CODES>(&np.kv_map, blocks, boxes, ring + c * RAW_BYTES, full + 8 * g, c);
+            copy_chunk<CHUNK_CODES>(&np.kv_map, blocks, boxes, ring + c * CHUNK_BYTES, full + 8 * g, c);
         }
     }
     __syncwarp();
@@ -460,7 +458,7 @@ __device__ __forceinline__ void consume_fp8(const TmaParams& np, const Smem& sm,
     }
     const u32 ring = smem_addr(sm.slot(0)), q_addr = smem_addr(sm.q()), pt = smem_addr(sm.pt(wg));
     const u32 red_base = smem_addr(sm.red(wg));
-    const auto chunk = [&](int t, int c) -> u32 { return ring + ((t % TILE_GROUPS) * CHUNKS + c) * RAW_BYTES; };
+    const auto chunk = [&](int t, int c) -> u32 { return ring + ((t % TILE_GROUPS) * CHUNKS + c) * CHUNK_BYTES; };
 
     for (int t = wg; t < tiles; t += CONSUMERS) {
         const int first = first0 + t * BN;
@@ -750,10 +748,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
     }
     __syncthreads();  // the mbarriers are ready: the producer starts while q loads
 
-    if (warp >= PRODUCER_WARP) {
+    // (fp8 has no producer warpgroup: THREADS stops at the consumers.)
+    if (!FP8 && warp >= PRODUCER_WARP) {
         // The producer warpgroup ends here: the consumers merge and write. (Code after its
         // setmaxnreg.dec must fit the registers it kept, so it shares none of theirs.)
-        if (!FP8) set_max_registers<false, PRODUCER_REGS>();
+        set_max_registers<false, PRODUCER_REGS>();
         if (warp == PRODUCER_WARP) produce(np, sm, req, first0, tiles, keys);
         return;
     }
@@ -791,7 +790,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) mla_decode_narrow(const
     const float sc = p.scale_log2;
     float* red = sm.red(wg);
     // Chunk c of tile t: its ring slot.
-    const auto operand = [&](int t, int c) -> u32 { return ring + ((t * CHUNKS + c) % SLOTS) * RAW_BYTES; };
+    const auto operand = [&](int t, int c) -> u32 { return ring + ((t * CHUNKS + c) % SLOTS) * CHUNK_BYTES; };
 
     for (int t = 0; t < tiles; ++t) {
         const int first = first0 + t * BN;

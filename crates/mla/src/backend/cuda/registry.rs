@@ -292,6 +292,13 @@ impl Variant {
         self.kv >= 2
     }
 
+    /// The narrow kernel's chunks of a tile (its `CHUNKS`): 128 bytes of each key row, 64
+    /// 16-bit elements or 128 fp8 codes (the last fp8 chunk half past the 576-code row).
+    fn narrow_chunks(&self) -> usize {
+        let d = self.kv_lora_rank + self.rope_dim;
+        if self.fp8() { d.div_ceil(128) } else { d / 64 }
+    }
+
     /// Whether the kernel takes the cache's tensor map beside the parameters (it copies the
     /// keys by TMA).
     pub fn takes_tensor_map(&self) -> bool {
@@ -374,17 +381,16 @@ impl Variant {
                     + 8 * bars;
             }
             Family::DecodeNarrow => {
-                // 1024 bytes of alignment slack, the ring of chunks (8 KB; fp8: 4 KB of raw
-                // codes, which the products take as they are), q (N x D 16-bit, or its two
-                // e4m3 terms in the same bytes), for each of the two consumer warpgroups P^T
-                // (N x 64, 16-bit or two e4m3 terms) and 4 x N column maxima, fp8: N floats
-                // (each column's q scale); two mbarriers a slot.
+                // 1024 bytes of alignment slack, the ring of chunks (8 KB: 128 bytes of each
+                // of a tile's 64 keys; fp8's codes as the products take them), q (N x D
+                // 16-bit, or its two e4m3 terms in the same bytes), for each of the two
+                // consumer warpgroups P^T (N x 64, 16-bit or two e4m3 terms) and 4 x N column
+                // maxima, fp8: N floats (each column's q scale); two mbarriers a slot.
                 let n = 16 * self.row_warps;
                 let d = self.kv_lora_rank + self.rope_dim;
-                // A slot holds a chunk as it lands (128 bytes of each key: fp8, 128 codes);
                 // fp8's q takes its two terms, 2N rows of whole chunks.
                 let (q, units) = if self.fp8() {
-                    (2 * n * 128 * d.div_ceil(128), 4 * n)
+                    (2 * n * 128 * self.narrow_chunks(), 4 * n)
                 } else {
                     (n * d * 2, 0)
                 };
@@ -554,9 +560,10 @@ pub fn narrow_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> 
     let fixed = base.smem_bytes();
     // A slot's bytes and mbarriers, from the one layout formula (smem_bytes).
     let per_slot = Variant { stages: 1, ..base }.smem_bytes() - fixed;
-    // fp8: exactly NARROW_FP8_TILES tiles (two a consumer warpgroup) of 128-code chunks.
+    // fp8: exactly NARROW_FP8_TILES tiles (two a consumer warpgroup).
+    let chunks = base.narrow_chunks();
     let slots = if base.fp8() {
-        NARROW_FP8_TILES * d.div_ceil(128)
+        NARROW_FP8_TILES * chunks
     } else {
         smem_limit.saturating_sub(fixed) / per_slot
     };
@@ -567,7 +574,7 @@ pub fn narrow_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> 
     let applies = base.kv != 1
         && shape.kv_lora_rank == 512
         && d.is_multiple_of(64)
-        && slots >= 2 * d / 64
+        && slots >= 2 * chunks
         && v.smem_bytes() <= smem_limit;
     applies.then_some(v)
 }
