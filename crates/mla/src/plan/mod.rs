@@ -323,7 +323,10 @@ impl DecodePlan {
 
         let num_kv_splits = cfg.splits(max_seq, rows, inputs.query_len, page_size);
         let (workspace, mut workspace_bytes) = decode_workspace(rows, h, num_kv_splits, l)?;
-        let schedule_workspace = if cfg.schedules() {
+        // One request has nothing to balance: the split grid already gives it an even share
+        // of the keys a CTA, without the schedule kernel and its pieces (10 to 20 us on the
+        // H200 at batch 1, BENCHMARKS.md, twentieth session), so it never schedules.
+        let schedule_workspace = if cfg.schedules() && requests > 1 {
             let (views, bytes) = scheduled_workspace(rows, h, l, cfg.sm_count)?;
             workspace_bytes = workspace_bytes.max(bytes);
             Some(views)
@@ -694,6 +697,39 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_batch_of_one_request_keeps_the_split_grid_on_a_scheduling_decoder() {
+        use crate::config::{DeviceInfo, MlaConfig};
+        use crate::error::Capability;
+        use crate::synth::{Outputs, Problem, ProblemSpec};
+        let gpu = DeviceInfo::Cuda {
+            name: "Test GPU".into(),
+            capability: Capability { major: 9, minor: 0 },
+            sm_count: 132,
+        };
+        let mut cfg = MlaConfig::new(16, 0.1).validate(&gpu).unwrap();
+        cfg.schedule = true; // what a CUDA backend that schedules sets
+        for (lens, query_len, scheduled) in [
+            (vec![5000], 1, false),
+            (vec![5000], 2, false),
+            (vec![5000, 3], 1, true),
+            (vec![64, 64], 2, true),
+        ] {
+            let mut spec = ProblemSpec::new(16, lens.clone());
+            spec.query_len = query_len;
+            let problem = Problem::generate(&spec).unwrap();
+            let inputs = problem.inputs().unwrap();
+            let mut out = Outputs::poisoned(&problem);
+            let outputs = out.views().unwrap();
+            let plan = DecodePlan::new(&cfg, &inputs, &outputs, Location::Host, None).unwrap();
+            assert_eq!(
+                plan.schedule_workspace.is_some(),
+                scheduled,
+                "{lens:?} x {query_len} tokens"
+            );
+        }
     }
 
     #[test]
