@@ -404,6 +404,15 @@ impl ValidConfig {
         self.schedules_if(self.schedule)
     }
 
+    /// Whether a decode of `requests` requests (or at most that many) takes the
+    /// device-computed schedule: where decodes may ([`ValidConfig::schedules`]) and there are
+    /// two or more. One request has nothing to balance: the split grid already gives it an
+    /// even share of the keys a CTA, without the schedule kernel and its pieces (10 to 20 us
+    /// on the H200 at batch 1, BENCHMARKS.md, twentieth and twenty-third sessions).
+    pub fn schedules_requests(&self, requests: usize) -> bool {
+        self.schedules() && requests > 1
+    }
+
     /// Whether decodes would take the device-computed schedule if `asked`: only where the
     /// split count is the fill rule's to choose.
     pub fn schedules_if(&self, asked: bool) -> bool {
@@ -621,6 +630,11 @@ mod tests {
                 "off unless the configuration asks (device_schedule) and a backend can"
             );
             v.schedule = true; // what a CUDA backend that schedules sets
+            assert!(
+                !v.schedules_requests(1),
+                "one request has nothing to balance"
+            );
+            assert_eq!(v.schedules_requests(2), v.schedules());
             v.schedules()
         };
         assert!(schedule(cfg(), &gpu(9, 0)));

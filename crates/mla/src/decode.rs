@@ -185,7 +185,8 @@ impl MlaDecode {
             .max_row_splits(max_rows, c.span(max_model_len), c.q_heads);
         // The views are sized by rows x splits, so one "row" of that many splits is the worst.
         let (_, mut bytes) = plan::decode_workspace(row_splits, c.q_heads, 1, c.kv_lora_rank)?;
-        if c.schedules() {
+        // `max_rows` bounds the requests: one row is one request, which never schedules.
+        if c.schedules_requests(max_rows) {
             let (_, scheduled) =
                 plan::scheduled_workspace(max_rows, c.q_heads, c.kv_lora_rank, c.sm_count)?;
             bytes = bytes.max(scheduled);

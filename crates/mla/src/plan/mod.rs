@@ -323,10 +323,7 @@ impl DecodePlan {
 
         let num_kv_splits = cfg.splits(max_seq, rows, inputs.query_len, page_size);
         let (workspace, mut workspace_bytes) = decode_workspace(rows, h, num_kv_splits, l)?;
-        // One request has nothing to balance: the split grid already gives it an even share
-        // of the keys a CTA, without the schedule kernel and its pieces (10 to 20 us on the
-        // H200 at batch 1, BENCHMARKS.md, twentieth session), so it never schedules.
-        let schedule_workspace = if cfg.schedules() && requests > 1 {
+        let schedule_workspace = if cfg.schedules_requests(requests) {
             let (views, bytes) = scheduled_workspace(rows, h, l, cfg.sm_count)?;
             workspace_bytes = workspace_bytes.max(bytes);
             Some(views)
