@@ -202,14 +202,19 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
     // decode with a cache in the model dtype that the narrow kernel does not take, packed
     // tokens too, on any split count, unless the decoder schedules; the fp8 twin: every fp8
     // decode, packed tokens too).
+    // At 16 heads over a bf16 cache warmup also builds the narrow kernel, which takes the
+    // single tokens whose grid it fills (`splits::narrow_single`: 128 requests of 1024 keys,
+    // one split each), unless the decoder schedules.
     let two = [1000, 37];
     let forty = [1100; 40];
     let long = [2100; 66];
+    let filled = [1024; 128];
     for (heads, kv, dtype, q_len, lengths) in [
         (128, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..]),
         (128, KvFormat::Bf16, CacheDtype::Auto, 1, &forty[..]),
         (64, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..]),
         (16, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..]),
+        (16, KvFormat::Bf16, CacheDtype::Auto, 1, &filled[..]),
         (16, KvFormat::Bf16, CacheDtype::Auto, 4, &two[..]),
         (16, KvFormat::Bf16, CacheDtype::Auto, 2, &long[..]),
         (8, KvFormat::Bf16, CacheDtype::Auto, 2, &two[..]),
@@ -250,14 +255,18 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
             // not).
             _ => (hopper, !(hopper && many), hopper && (many || packs)),
         };
-        // The narrow kernel: built for up to 8 heads (16 when forced), launched for the
-        // multi-token rows it packs (single tokens too when forced).
-        let narrow_heads = if choice == Narrow { 16 } else { 8 };
+        // The narrow kernel: built for up to 8 heads (16 when forced, or as shipped over a
+        // bf16 cache), launched for the multi-token rows it packs (single tokens too when
+        // forced, and as shipped those whose grid it fills).
+        let narrow_heads = match choice {
+            Narrow => 16,
+            Auto if kv == KvFormat::Bf16 => 16,
+            _ => 8,
+        };
         let narrow_built = hopper
             && !matches!(choice, Mma | Wgmma | WgmmaFp8)
             && heads <= narrow_heads
             && kv != KvFormat::F16;
-        let narrow_launched = narrow_built && !launches_wgmma && (q_len > 1 || choice == Narrow);
         let scheduling = registry::schedule_from_env().unwrap_or(false);
         let fp8_built = hopper
             && kv.is_fp8()
@@ -286,11 +295,31 @@ fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
         let splits = run.plan.num_kv_splits;
         // Packed tokens take its packed variant, on the packed rows' threshold.
         let rows = heads * mla::plan::splits::packing(heads, q_len).unwrap_or(1);
-        let seesaw_launched = seesaw_built
-            && !narrow_launched
-            && (choice == Seesaw
-                || registry::seesaw_min_split_keys(rows)
-                    .is_some_and(|keys| run.plan.split_keys() >= keys));
+        let long_splits = choice == Seesaw
+            || registry::seesaw_min_split_keys(rows)
+                .is_some_and(|keys| run.plan.split_keys() >= keys);
+        // The narrow kernel's single tokens as shipped: below the seesaw kernel's splits, on
+        // the split grid (a decoder that schedules runs the mma kernel's scheduled variant).
+        let fills = mla::plan::splits::narrow_single(
+            heads,
+            q_len,
+            run.plan.split_keys(),
+            run.plan.rows * splits,
+            dec.cuda_backend().unwrap().sm_count(),
+        );
+        let narrow_single = choice == Auto
+            && narrow_built
+            && !(seesaw_built && long_splits)
+            && !(scheduling && lengths.len() > 1)
+            && fills;
+        let narrow_launched =
+            narrow_built && !launches_wgmma && (q_len > 1 || choice == Narrow || narrow_single);
+        // The case that is there for it does take it.
+        assert!(
+            narrow_single
+                || !(choice == Auto && narrow_built && !scheduling && lengths == filled.as_slice())
+        );
+        let seesaw_launched = seesaw_built && !narrow_launched && long_splits;
         // The cases that are there for it do take it (packed: 66 requests of 2100 keys x 2
         // tokens at 16 heads, two splits of 1050 keys).
         assert!(seesaw_launched || !(seesaw_built && lengths == forty.as_slice()));

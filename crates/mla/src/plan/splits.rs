@@ -51,6 +51,38 @@ pub fn narrow_fit(heads: usize, query_len: usize) -> Option<usize> {
     fits.then(|| query_len.clamp(1, NARROW_ROWS / heads))
 }
 
+/// The fewest keys a split must hold for the narrow kernel to take a single-token decode
+/// ([`narrow_single`]): on the H200 at 16 heads it beats the mma kernel's two CTAs an SM on
+/// twice the splits from 256 keys a split (8 x 16 x 4096: 21.7 us on 16 splits of 256 keys
+/// against 22.1 on 32; 32 x 16 x 2048: 32.0 on 4 of 512 against 34.4 on 8; 128 x 16 x
+/// 1024: 47.7 on one split against 54.8 on 2; BENCHMARKS.md, twenty-fourth session).
+pub const NARROW_SINGLE_MIN_SPLIT_KEYS: usize = 256;
+
+/// Whether the narrow kernel takes a single-token decode of `heads` heads whose splits hold
+/// `split_keys` keys, launched as `ctas` CTAs (one an SM) on `sm_count` SMs, on a decoder
+/// that runs it for single tokens (`registry::Stage1`, 16 heads, a cache in the model dtype,
+/// pages it tiles): where its 16 rows are all heads, a split holds at least
+/// [`NARROW_SINGLE_MIN_SPLIT_KEYS`] keys in whole 64-key tiles, and the CTAs fill each wave
+/// to at least 90% of the SMs. The two conditions are what the fill rule's model does not
+/// see and the H200 showed: the kernel's tiles start at multiples of 64 keys, so a split of
+/// 373 keys reads seven tiles (6 x 16 x 8192 on 22 splits: 30.7 us against the mma kernel's
+/// 29.1 on 43), and with one CTA an SM an idle SM is keys unread (48 x 16 x 2048, 96 CTAs:
+/// 50.3 against 44.7; twenty-fourth session).
+pub fn narrow_single(
+    heads: usize,
+    query_len: usize,
+    split_keys: usize,
+    ctas: usize,
+    sm_count: usize,
+) -> bool {
+    let slots = sm_count.max(1) * ctas.div_ceil(sm_count.max(1)).max(1);
+    heads == NARROW_ROWS
+        && query_len == 1
+        && split_keys >= NARROW_SINGLE_MIN_SPLIT_KEYS
+        && split_keys.is_multiple_of(WGMMA_TILE_KEYS)
+        && 10 * ctas >= 9 * slots
+}
+
 /// Whether the TMA kernels' copies (the narrow and seesaw kernels, `common/tma.cuh`) tile
 /// pages of `page_size` keys: their 64-key tiles start at multiples of 64, so a page must
 /// hold whole tiles (a multiple of 64 keys) or a tile whole pages of at least 8 keys (8, 16,
@@ -100,6 +132,10 @@ pub enum SplitRule {
         /// where the decoder has no seesaw kernel or the pages are ones it cannot tile
         /// ([`SplitRule::for_pages`]).
         seesaw_keys: Option<usize>,
+        /// Whether the narrow kernel takes the single-token decodes [`narrow_single`]
+        /// allows (modelled as the seesaw kernel: one CTA an SM, 64-key tiles, the same
+        /// rate), where the seesaw kernel does not take them.
+        narrow_single: bool,
     },
     /// One split per row: batch-invariant mode (a row's result never depends on the batch).
     Single,
@@ -137,9 +173,19 @@ impl SplitRule {
                 narrow,
                 decode_tile,
                 seesaw_keys,
+                narrow_single: false,
             },
             other => other,
         }
+    }
+
+    /// The fill rule with the narrow kernel taking the single-token decodes
+    /// [`narrow_single`] allows, or not; other rules as they are.
+    pub fn with_narrow_single(mut self, on: bool) -> SplitRule {
+        if let SplitRule::Fill { narrow_single, .. } = &mut self {
+            *narrow_single = on;
+        }
+        self
     }
 
     /// The rule for a cache of pages of `page_size` keys: the TMA kernels (narrow, seesaw)
@@ -153,10 +199,17 @@ impl SplitRule {
         }
     }
 
-    /// The fill rule without the seesaw kernel; other rules as they are.
+    /// The fill rule without the kernels that only ever lower its count (the seesaw
+    /// kernel, the narrow kernel on single tokens); other rules as they are.
     fn without_seesaw(mut self) -> SplitRule {
-        if let SplitRule::Fill { seesaw_keys, .. } = &mut self {
+        if let SplitRule::Fill {
+            seesaw_keys,
+            narrow_single,
+            ..
+        } = &mut self
+        {
             *seesaw_keys = None;
+            *narrow_single = false;
         }
         self
     }
@@ -190,7 +243,7 @@ impl SplitRule {
                 let (mut best, mut best_without, mut chosen) =
                     ((f64::INFINITY, 1), f64::INFINITY, 1);
                 for s in 1..=most {
-                    let kernel = self.kernel(max_kv_len.div_ceil(s), query_len, heads);
+                    let kernel = self.kernel(max_kv_len, rows, query_len, heads, s);
                     let cost = self.cost_on(kernel, max_kv_len, rows, query_len, heads, s);
                     let without = match kernel {
                         Modelled::Seesaw => {
@@ -246,7 +299,7 @@ impl SplitRule {
         heads: usize,
         splits: usize,
     ) -> f64 {
-        let kernel = self.kernel(max_kv_len.div_ceil(splits.max(1)), query_len, heads);
+        let kernel = self.kernel(max_kv_len, rows, query_len, heads, splits);
         self.cost_on(kernel, max_kv_len, rows, query_len, heads, splits)
     }
 
@@ -288,21 +341,32 @@ impl SplitRule {
         stage1 + combine
     }
 
-    /// The kernel that takes a decode whose splits hold `split_keys` keys, as the backend
-    /// picks it (`backend::cuda::registry::Stage1::launch`): a packed kernel (the wgmma
-    /// kernel's, or on long splits the seesaw kernel's, with the same grid and tiles: one
-    /// model), the narrow kernel, the seesaw kernel on long enough splits, else the decode
-    /// kernel.
-    fn kernel(self, split_keys: usize, query_len: usize, heads: usize) -> Modelled {
+    /// The kernel that takes a decode of `rows` rows over `max_kv_len` keys cut into
+    /// `splits` splits, as the backend picks it (`backend::cuda::registry::Stage1::launch_for`):
+    /// a packed kernel (the wgmma kernel's, or on long splits the seesaw kernel's, with the
+    /// same grid and tiles: one model), the narrow kernel, the seesaw kernel on long enough
+    /// splits, the narrow kernel on the single tokens [`narrow_single`] allows (modelled as
+    /// the seesaw kernel), else the decode kernel.
+    fn kernel(
+        self,
+        max_kv_len: usize,
+        rows: usize,
+        query_len: usize,
+        heads: usize,
+        splits: usize,
+    ) -> Modelled {
         let SplitRule::Fill {
+            sm_count,
             wgmma,
             narrow,
             seesaw_keys,
+            narrow_single: narrow_singles,
             ..
         } = self
         else {
             return Modelled::Decode;
         };
+        let split_keys = max_kv_len.div_ceil(splits.max(1));
         if wgmma && let Some(tokens) = packing(heads, query_len) {
             return Modelled::Packed(tokens);
         }
@@ -312,23 +376,28 @@ impl SplitRule {
         if seesaw_keys.is_some_and(|keys| split_keys >= keys) {
             return Modelled::Seesaw;
         }
+        let ctas = rows * splits.max(1);
+        if narrow_singles && narrow_single(heads, query_len, split_keys, ctas, sm_count) {
+            return Modelled::Seesaw;
+        }
         Modelled::Decode
     }
 
-    /// The CTAs a split (of `split_keys` keys) of the batch takes, and how many of them an SM
-    /// runs at once: the kernels' grids (`backend::cuda`). One query token and up to 64
-    /// heads a CTA (two CTAs an SM for up to 16 heads: the mma kernel; one: the seesaw
-    /// kernel), except on sm_90a where a few-head request's tokens share a CTA: the wgmma
-    /// kernel's when their rows reach [`WGMMA_MIN_ROWS`], else the narrow kernel's (one CTA
-    /// an SM each).
+    /// The CTAs a split of the batch (`rows` rows over `max_kv_len` keys in `splits` splits)
+    /// takes, and how many of them an SM runs at once: the kernels' grids (`backend::cuda`).
+    /// One query token and up to 64 heads a CTA (two CTAs an SM for up to 16 heads: the mma
+    /// kernel; one: the seesaw kernel and the narrow kernel on single tokens), except on
+    /// sm_90a where a few-head request's tokens share a CTA: the wgmma kernel's when their
+    /// rows reach [`WGMMA_MIN_ROWS`], else the narrow kernel's (one CTA an SM each).
     pub fn ctas_per_split(
         self,
-        split_keys: usize,
+        max_kv_len: usize,
         rows: usize,
         query_len: usize,
         heads: usize,
+        splits: usize,
     ) -> (usize, usize) {
-        self.kernel(split_keys, query_len, heads)
+        self.kernel(max_kv_len, rows, query_len, heads, splits)
             .grid(rows, query_len, heads)
     }
 
@@ -372,7 +441,8 @@ enum Modelled {
     Packed(usize),
     /// The narrow kernel, this many tokens a CTA.
     Narrow(usize),
-    /// The seesaw kernel (sm_90a), one token a CTA.
+    /// The seesaw kernel (sm_90a), one token a CTA; or the narrow kernel on single tokens
+    /// ([`narrow_single`]), the same grid, tiles and rate.
     Seesaw,
     /// The backend's decode kernel (mma, wgmma), one token a CTA.
     Decode,
@@ -493,6 +563,7 @@ mod tests {
             narrow,
             decode_tile: TILE,
             seesaw_keys: None,
+            narrow_single: false,
         }
     }
 
@@ -534,14 +605,14 @@ mod tests {
         // 64 requests x 4 tokens x 16 heads: 64 CTAs a split packed (one per request, 64
         // rows each), 256 of 16 rows otherwise.
         // (CTAs, CTAs an SM runs at once.)
-        assert_eq!(rule(true).ctas_per_split(0, 256, 4, 16), (64, 1));
-        assert_eq!(rule(false).ctas_per_split(0, 256, 4, 16), (256, 2));
+        assert_eq!(rule(true).ctas_per_split(0, 256, 4, 16, 1), (64, 1));
+        assert_eq!(rule(false).ctas_per_split(0, 256, 4, 16, 1), (256, 2));
         // 8 heads x 2 tokens is 16 rows: the mma kernel's, one token a CTA, two an SM.
-        assert_eq!(rule(true).ctas_per_split(0, 8, 2, 8), (8, 2));
+        assert_eq!(rule(true).ctas_per_split(0, 8, 2, 8, 1), (8, 2));
         // 20 heads x 3 tokens: 60 rows; 7 tokens make 3 CTAs a request.
-        assert_eq!(rule(true).ctas_per_split(0, 14, 7, 20), (6, 1));
+        assert_eq!(rule(true).ctas_per_split(0, 14, 7, 20, 1), (6, 1));
         // 128 heads: two CTAs a row, whatever the tokens.
-        assert_eq!(rule(true).ctas_per_split(0, 8, 4, 128), (16, 1));
+        assert_eq!(rule(true).ctas_per_split(0, 8, 4, 128, 1), (16, 1));
         // A split count that fills the GPU: packed requests get more splits than one CTA
         // each (64 of 132 SMs busy).
         let packed = rule(true).splits(8192, 256, 4, 16);
@@ -583,9 +654,9 @@ mod tests {
         }
         // One CTA a request (one per SM) where it runs, else the mma kernel's CTA per token.
         let rule = |narrow| h200(true, narrow);
-        assert_eq!(rule(true).ctas_per_split(0, 128, 2, 8), (64, 1));
-        assert_eq!(rule(false).ctas_per_split(0, 128, 2, 8), (128, 2));
-        assert_eq!(rule(true).ctas_per_split(0, 64, 1, 16), (64, 2));
+        assert_eq!(rule(true).ctas_per_split(0, 128, 2, 8, 1), (64, 1));
+        assert_eq!(rule(false).ctas_per_split(0, 128, 2, 8, 1), (128, 2));
+        assert_eq!(rule(true).ctas_per_split(0, 64, 1, 16, 1), (64, 2));
     }
 
     #[test]
@@ -594,8 +665,8 @@ mod tests {
         let hopper = fill.with_kernels(true, true, TILE, None);
         assert_eq!(hopper, h200(true, true));
         // 8 heads x 2 tokens: one narrow CTA a request on Hopper, a CTA a token otherwise.
-        assert_eq!(hopper.ctas_per_split(0, 128, 2, 8), (64, 1));
-        assert_eq!(fill.ctas_per_split(0, 128, 2, 8), (128, 2));
+        assert_eq!(hopper.ctas_per_split(0, 128, 2, 8, 1), (64, 1));
+        assert_eq!(fill.ctas_per_split(0, 128, 2, 8, 1), (128, 2));
         for other in [
             SplitRule::Single,
             SplitRule::Vllm { sm_count: 8 },
@@ -617,23 +688,21 @@ mod tests {
         // (len, rows) -> splits without and with it. Measured on the H200 (BENCHMARKS.md,
         // eighteenth session): 64 x 8192 keys 166.6 us on 2 seesaw splits, 173.3 on 4;
         // 128 x 2048 keys 87.4 us on 1, 95.2 on 2 mma splits.
-        for ((len, rows), want) in [
-            ((8192, 64), (4, 2)),
-            ((2048, 128), (2, 1)),
-            ((2047, 128), (2, 2)),
-            ((4096, 32), (8, 8)),
-            ((8192, 1), (64, 64)),
-            ((32768, 4), (64, 64)),
-        ] {
-            let got = (
-                plain.splits(len, rows, 1, 16),
-                seesaw.splits(len, rows, 1, 16),
-            );
-            assert_eq!(got, want, "{rows} rows of {len} keys");
-        }
+        assert_single_token_counts(
+            plain,
+            seesaw,
+            &[
+                ((8192, 64), (4, 2)),
+                ((2048, 128), (2, 1)),
+                ((2047, 128), (2, 2)),
+                ((4096, 32), (8, 8)),
+                ((8192, 1), (64, 64)),
+                ((32768, 4), (64, 64)),
+            ],
+        );
         // The CTAs a split takes follow the kernel its length picks.
-        assert_eq!(seesaw.ctas_per_split(2048, 64, 1, 16), (64, 1));
-        assert_eq!(seesaw.ctas_per_split(2047, 64, 1, 16), (64, 2));
+        assert_eq!(seesaw.ctas_per_split(2048, 64, 1, 16, 1), (64, 1));
+        assert_eq!(seesaw.ctas_per_split(2047, 64, 1, 16, 1), (64, 2));
         // Pages the TMA kernels cannot tile run the mma kernel: the rule without them.
         assert_eq!(seesaw.for_pages(64), seesaw);
         assert_eq!(seesaw.for_pages(1), h200(true, false));
@@ -650,13 +719,98 @@ mod tests {
         }
         // It never raises a count, at any length: so a reservation at the longest length
         // holds the shorter ones.
+        assert_never_raises(seesaw, plain);
+    }
+
+    /// A batch `(keys, rows)` and its split counts `(without, with)` a kernel.
+    type CountCase = ((usize, usize), (usize, usize));
+
+    /// `(without.splits, with.splits)` of single-token 16-head batches.
+    fn assert_single_token_counts(without: SplitRule, with: SplitRule, cases: &[CountCase]) {
+        for &((len, rows), want) in cases {
+            let got = (
+                without.splits(len, rows, 1, 16),
+                with.splits(len, rows, 1, 16),
+            );
+            assert_eq!(got, want, "{rows} rows of {len} keys");
+        }
+    }
+
+    /// `rule` never picks more splits than `plain` for single-token 16-head batches.
+    fn assert_never_raises(rule: SplitRule, plain: SplitRule) {
         for rows in [1, 2, 5, 16, 33, 64, 100, 128, 256] {
             for len in (0..20_000).step_by(61) {
                 assert!(
-                    seesaw.splits(len, rows, 1, 16) <= plain.splits(len, rows, 1, 16),
+                    rule.splits(len, rows, 1, 16) <= plain.splits(len, rows, 1, 16),
                     "{rows} rows of {len} keys"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn the_narrow_kernel_takes_the_single_tokens_whose_grid_it_fills() {
+        // 16 heads, one token, splits of 256 keys or more in whole 64-key tiles, CTAs filling
+        // each wave to 90% of 132 SMs (at least 119 of them).
+        assert!(narrow_single(16, 1, 256, 128, 132));
+        assert!(narrow_single(16, 1, 1024, 119, 132));
+        assert!(!narrow_single(16, 1, 1024, 118, 132));
+        assert!(
+            narrow_single(16, 1, 512, 384, 132),
+            "three waves, 384 of 396 slots"
+        );
+        assert!(
+            !narrow_single(16, 1, 512, 300, 132),
+            "three waves, 300 of 396 slots"
+        );
+        assert!(!narrow_single(16, 1, 192, 128, 132), "too short");
+        assert!(!narrow_single(16, 1, 373, 132, 132), "not whole tiles");
+        assert!(!narrow_single(16, 2, 256, 128, 132), "two tokens");
+        assert!(!narrow_single(8, 1, 256, 128, 132), "8 heads");
+        assert!(!narrow_single(16, 1, 1024, 0, 132));
+        // The rule modelling it, on the H200's measured cases (BENCHMARKS.md, twenty-fourth
+        // session): (keys, rows) -> splits without and with it. Taken: 8 x 4096 (22.1 ->
+        // 21.7 us), 32 x 4096 (53.9 -> 51.4), 4 x 32768 (54.0 -> 52.4), 128 x 1024 (54.8 ->
+        // 47.7), 64 x 2048 (52.8 -> 51.1); left alone where the mma kernel was faster: batch
+        // 1 and 3 x 4096 (too few CTAs), 6 x 8192 and 12 x 4096 (373 keys a split), 48 x 2048
+        // (96 CTAs), 24 x 4096 (820 keys); and where the seesaw kernel takes the splits.
+        let seesaw = h200(true, true).with_kernels(true, true, TILE, Some(2048));
+        let narrow = seesaw.with_narrow_single(true);
+        assert_single_token_counts(
+            seesaw,
+            narrow,
+            &[
+                ((4096, 8), (32, 16)),
+                ((4096, 32), (8, 4)),
+                ((32768, 4), (64, 32)),
+                ((1024, 128), (2, 1)),
+                ((2048, 64), (4, 2)),
+                ((8192, 1), (64, 64)),
+                ((4096, 3), (43, 43)),
+                ((8192, 6), (43, 43)),
+                ((4096, 12), (22, 22)),
+                ((2048, 48), (5, 5)),
+                ((4096, 24), (11, 11)),
+                ((8192, 64), (2, 2)),
+                ((2048, 128), (1, 1)),
+            ],
+        );
+        // One CTA an SM where it runs; multi-token rows and other head counts as before.
+        assert_eq!(narrow.ctas_per_split(4096, 8, 1, 16, 16), (8, 1));
+        assert_eq!(seesaw.ctas_per_split(4096, 8, 1, 16, 16), (8, 2));
+        for (len, rows, q, heads) in [(4096, 16, 2, 16), (4096, 8, 1, 8), (4096, 32, 1, 128)] {
+            assert_eq!(
+                narrow.splits(len, rows, q, heads),
+                seesaw.splits(len, rows, q, heads)
+            );
+        }
+        // It never raises a count; pages the TMA kernels cannot tile take the rule without it.
+        assert_never_raises(narrow, h200(true, true));
+        assert_eq!(narrow.for_pages(1), h200(true, false));
+        assert_eq!(narrow.without_seesaw(), h200(true, true));
+        // Other rules as they are.
+        for other in [SplitRule::Single, SplitRule::Fixed { splits: 3 }] {
+            assert_eq!(other.with_narrow_single(true), other);
         }
     }
 
@@ -666,6 +820,9 @@ mod tests {
             h200(false, false),
             h200(true, true),
             h200(true, true).with_kernels(true, true, TILE, Some(2048)),
+            h200(true, true)
+                .with_kernels(true, true, TILE, Some(2048))
+                .with_narrow_single(true),
             SplitRule::Vllm { sm_count: 132 },
         ] {
             for (max_rows, max_len, heads) in [

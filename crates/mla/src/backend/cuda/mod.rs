@@ -178,6 +178,11 @@ impl CudaBackend {
         &self.target
     }
 
+    /// The device's SMs (what the split rule fills and `registry::Stage1::launch_for` checks).
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
+    }
+
     /// Every variant this backend built and loaded so far.
     pub fn builds(&self) -> &[Built] {
         &self.builds
@@ -276,19 +281,22 @@ impl CudaBackend {
     /// takes.
     pub(crate) fn split_rule(&self, rule: SplitRule, heads: usize) -> SplitRule {
         match self.chosen {
-            Some(k) => rule.with_kernels(
-                k.stage1.packed.is_some(),
-                k.stage1.narrow.is_some(),
-                k.stage1.decode.tile_keys(),
-                k.stage1.seesaw_keys(heads),
-            ),
+            Some(k) => rule
+                .with_kernels(
+                    k.stage1.packed.is_some(),
+                    k.stage1.narrow.is_some(),
+                    k.stage1.decode.tile_keys(),
+                    k.stage1.seesaw_keys(heads),
+                )
+                .with_narrow_single(k.stage1.narrow_singles()),
             None => rule,
         }
     }
 
     /// The stage-1 kernel a planned decode launches (None before the backend is configured).
     pub fn decode_variant(&self, plan: &DecodePlan) -> Option<Variant> {
-        self.chosen.map(|k| k.stage1.launch_for(plan).0)
+        self.chosen
+            .map(|k| k.stage1.launch_for(plan, self.sm_count).0)
     }
 
     fn chosen(&self) -> Result<ConfigKernels> {
@@ -486,7 +494,7 @@ impl CudaBackend {
         if !fits_i32 {
             return Err(too_big(plan));
         }
-        let (decode, tokens) = k.stage1.launch_for(plan);
+        let (decode, tokens) = k.stage1.launch_for(plan, self.sm_count);
         let params = DecodeParams::new(plan, &ptr, tokens);
         // The cache's tensor map, for the kernels that copy the keys by TMA (either grid).
         let kv_map = if decode.takes_tensor_map() {

@@ -713,7 +713,8 @@ pub struct Stage1 {
     /// with `MLA_KERNEL=seesaw`), on pages it tiles.
     pub packed_seesaw: Option<Variant>,
     /// The kernel of few-head multi-token decodes that do not pack into the wgmma tile, on
-    /// pages it tiles ([`splits::tma_pages`]).
+    /// pages it tiles ([`splits::tma_pages`]); at 16 heads over a cache in the model dtype,
+    /// of the single-token decodes whose grid it fills ([`Stage1::narrow_singles`]).
     pub narrow: Option<Variant>,
     /// The kernel of the decodes that take one query token a CTA (instead of `decode`), on
     /// pages it tiles, from [`SEESAW_MIN_HEADS`] heads (every head count when forced);
@@ -757,7 +758,12 @@ impl Stage1 {
         };
         // The narrow kernel has no fp8-query mode (its fp8 products split a 16-bit q and P
         // into two e4m3 terms each): those decodes take the mma or packed wgmma kernel.
-        let narrow = (wgmma && heads <= narrow_heads && !shape.fp8_query)
+        // As shipped, 16 heads over a cache in the model dtype also build it, for the single
+        // tokens whose grid it fills (`splits::narrow_single`, `launch_for`).
+        let singles = choice == KernelChoice::Auto
+            && heads == splits::NARROW_ROWS
+            && kv_code(shape.model, shape.kv) == 0;
+        let narrow = (wgmma && (heads <= narrow_heads || singles) && !shape.fp8_query)
             .then(|| narrow_variant(shape, smem_limit))
             .flatten();
         let seesaw_heads = match choice {
@@ -864,14 +870,31 @@ impl Stage1 {
         }
     }
 
-    /// [`launch`](Self::launch) for a planned decode.
-    pub fn launch_for(&self, plan: &DecodePlan) -> (Variant, usize) {
-        self.launch(
-            plan.heads,
-            plan.query_len,
-            plan.kv.page_size,
-            plan.split_keys(),
-        )
+    /// [`launch`](Self::launch) for a planned decode on a GPU of `sm_count` SMs, where
+    /// the narrow kernel also takes, instead of the decode kernel, the single tokens whose
+    /// grid it fills ([`splits::narrow_single`], on pages it tiles) when the decoder runs it
+    /// for them ([`narrow_singles`](Self::narrow_singles)) and the decode is not scheduled
+    /// (the narrow kernel has no scheduled variant).
+    pub fn launch_for(&self, plan: &DecodePlan, sm_count: usize) -> (Variant, usize) {
+        let split_keys = plan.split_keys();
+        let launched = self.launch(plan.heads, plan.query_len, plan.kv.page_size, split_keys);
+        let ctas = plan.rows * plan.num_kv_splits.max(1);
+        let single = launched.0 == self.decode
+            && self.narrow_singles()
+            && plan.schedule_workspace.is_none()
+            && splits::tma_pages(plan.kv.page_size)
+            && splits::narrow_single(plan.heads, plan.query_len, split_keys, ctas, sm_count);
+        match self.narrow {
+            Some(n) if single => (n, 1),
+            _ => launched,
+        }
+    }
+
+    /// Whether the narrow kernel takes the single-token decodes [`splits::narrow_single`]
+    /// allows: as shipped, over a cache in the model dtype (the fill rule models it,
+    /// `SplitRule::with_narrow_single`).
+    pub fn narrow_singles(&self) -> bool {
+        self.choice == KernelChoice::Auto && self.narrow.is_some_and(|n| n.kv == 0)
     }
 
     /// Every stage-1 kernel the decoder can launch.
@@ -1371,8 +1394,8 @@ mod tests {
         assert_eq!(launch(choose(4, true, Wgmma), 4, 100), (w, true, 16));
         assert_eq!(launch(choose(16, false, Auto), 16, 4), (m, false, 1));
         // Warmup builds what can launch: the packed variants (wgmma and seesaw) for up to 32
-        // heads on Hopper, the narrow kernel for up to 8 (16 when forced), the seesaw kernel
-        // from 16.
+        // heads on Hopper, the narrow kernel for up to 8 (16 when forced, and as shipped at
+        // 16 over a cache in the model dtype, for single tokens), the seesaw kernel from 16.
         let count = |heads, wgmma| choose(heads, wgmma, Auto).variants().count();
         assert_eq!(
             (
@@ -1381,8 +1404,27 @@ mod tests {
                 count(32, true),
                 count(33, true)
             ),
-            (4, 4, 4, 2)
+            (4, 5, 4, 2)
         );
+        // The narrow kernel's single tokens: as shipped at 16 heads over a cache in the model
+        // dtype (not fp8, not in the fp8-query mode), forced or not at all elsewhere.
+        assert!(choose(16, true, Auto).narrow_singles());
+        for kv in [KvFormat::Fp8E4m3, KvFormat::F16] {
+            let s = Stage1::choose(16, bf16(kv), 232_448, true, Auto).unwrap();
+            assert!(s.narrow.is_none() && !s.narrow_singles(), "{kv:?}");
+        }
+        let mut fp8q = bf16(KvFormat::Bf16);
+        fp8q.fp8_query = true;
+        assert!(
+            !Stage1::choose(16, fp8q, 232_448, true, Auto)
+                .unwrap()
+                .narrow_singles()
+        );
+        for choice in [Narrow, Mma, Wgmma, KernelChoice::Seesaw] {
+            assert!(!choose(16, true, choice).narrow_singles(), "{choice:?}");
+        }
+        assert!(!choose(16, false, Auto).narrow_singles());
+        assert!(choose(17, true, Auto).narrow.is_none());
         assert_eq!(choose(16, true, Narrow).variants().count(), 3);
         assert_eq!(count(16, false), 1);
         assert!(
