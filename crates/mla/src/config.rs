@@ -230,7 +230,7 @@ impl MlaConfig {
                 narrow: false,
                 decode_tile: crate::plan::splits::TILE,
                 seesaw_keys: None,
-                narrow_single: false,
+                narrow_singles: false,
             },
         };
         Ok(ValidConfig {

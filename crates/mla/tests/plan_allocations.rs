@@ -81,7 +81,7 @@ fn the_gpu_split_rule_allocates_nothing() {
         narrow: true,
         decode_tile: 64,
         seesaw_keys: Some(512),
-        narrow_single: true,
+        narrow_singles: true,
     };
     let (n, splits) = allocations(|| {
         [(8192, 1, 16), (4096, 32, 128), (1 << 20, 1, 16)]

@@ -75,12 +75,13 @@ pub fn narrow_single(
     ctas: usize,
     sm_count: usize,
 ) -> bool {
-    let slots = sm_count.max(1) * ctas.div_ceil(sm_count.max(1)).max(1);
+    let sm_count = sm_count.max(1);
+    let waves = ctas.div_ceil(sm_count).max(1);
     heads == NARROW_ROWS
         && query_len == 1
         && split_keys >= NARROW_SINGLE_MIN_SPLIT_KEYS
         && split_keys.is_multiple_of(WGMMA_TILE_KEYS)
-        && 10 * ctas >= 9 * slots
+        && 10 * ctas >= 9 * sm_count * waves
 }
 
 /// Whether the TMA kernels' copies (the narrow and seesaw kernels, `common/tma.cuh`) tile
@@ -135,7 +136,7 @@ pub enum SplitRule {
         /// Whether the narrow kernel takes the single-token decodes [`narrow_single`]
         /// allows (modelled as the seesaw kernel: one CTA an SM, 64-key tiles, the same
         /// rate), where the seesaw kernel does not take them.
-        narrow_single: bool,
+        narrow_singles: bool,
     },
     /// One split per row: batch-invariant mode (a row's result never depends on the batch).
     Single,
@@ -173,7 +174,7 @@ impl SplitRule {
                 narrow,
                 decode_tile,
                 seesaw_keys,
-                narrow_single: false,
+                narrow_singles: false,
             },
             other => other,
         }
@@ -181,9 +182,9 @@ impl SplitRule {
 
     /// The fill rule with the narrow kernel taking the single-token decodes
     /// [`narrow_single`] allows, or not; other rules as they are.
-    pub fn with_narrow_single(mut self, on: bool) -> SplitRule {
-        if let SplitRule::Fill { narrow_single, .. } = &mut self {
-            *narrow_single = on;
+    pub fn with_narrow_singles(mut self, on: bool) -> SplitRule {
+        if let SplitRule::Fill { narrow_singles, .. } = &mut self {
+            *narrow_singles = on;
         }
         self
     }
@@ -199,17 +200,18 @@ impl SplitRule {
         }
     }
 
-    /// The fill rule without the kernels that only ever lower its count (the seesaw
-    /// kernel, the narrow kernel on single tokens); other rules as they are.
-    fn without_seesaw(mut self) -> SplitRule {
+    /// The fill rule without what it models as the seesaw kernel (the seesaw kernel, the
+    /// narrow kernel on single tokens), which only ever lowers its count; other rules as
+    /// they are.
+    fn without_seesaw_model(mut self) -> SplitRule {
         if let SplitRule::Fill {
             seesaw_keys,
-            narrow_single,
+            narrow_singles,
             ..
         } = &mut self
         {
             *seesaw_keys = None;
-            *narrow_single = false;
+            *narrow_singles = false;
         }
         self
     }
@@ -219,7 +221,7 @@ impl SplitRule {
         if let SplitRule::Fill { narrow, .. } = &mut self {
             *narrow = false;
         }
-        self.without_seesaw()
+        self.without_seesaw_model()
     }
 
     /// The split count of a batch of `rows` query rows (`query_len` a request) and `heads`
@@ -360,7 +362,7 @@ impl SplitRule {
             wgmma,
             narrow,
             seesaw_keys,
-            narrow_single: narrow_singles,
+            narrow_singles,
             ..
         } = self
         else {
@@ -416,7 +418,7 @@ impl SplitRule {
             SplitRule::Fill { wgmma, narrow, .. } => {
                 // Tokens pack when two fit next to the heads (at most 32 heads).
                 let packs = (wgmma || narrow) && 2 * heads <= WGMMA_ROWS;
-                let rules = [self.without_seesaw(), self.without_tma()];
+                let rules = [self.without_seesaw_model(), self.without_tma()];
                 (1..=max_rows)
                     .flat_map(|r| {
                         let top = if packs { r.isqrt() } else { 1 };
@@ -503,7 +505,7 @@ impl SplitRule {
                 // into one CTA on sm_90a), on pages the TMA kernels tile or not.
                 let most = (1..=WGMMA_ROWS / heads.clamp(1, WGMMA_ROWS))
                     .flat_map(|q| {
-                        [self.without_seesaw(), self.without_tma()]
+                        [self.without_seesaw_model(), self.without_tma()]
                             .map(|rule| rule.splits(max_span, q, q, heads))
                     })
                     .max()
@@ -563,7 +565,7 @@ mod tests {
             narrow,
             decode_tile: TILE,
             seesaw_keys: None,
-            narrow_single: false,
+            narrow_singles: false,
         }
     }
 
@@ -775,7 +777,7 @@ mod tests {
         // 1 and 3 x 4096 (too few CTAs), 6 x 8192 and 12 x 4096 (373 keys a split), 48 x 2048
         // (96 CTAs), 24 x 4096 (820 keys); and where the seesaw kernel takes the splits.
         let seesaw = h200(true, true).with_kernels(true, true, TILE, Some(2048));
-        let narrow = seesaw.with_narrow_single(true);
+        let narrow = seesaw.with_narrow_singles(true);
         assert_single_token_counts(
             seesaw,
             narrow,
@@ -807,10 +809,10 @@ mod tests {
         // It never raises a count; pages the TMA kernels cannot tile take the rule without it.
         assert_never_raises(narrow, h200(true, true));
         assert_eq!(narrow.for_pages(1), h200(true, false));
-        assert_eq!(narrow.without_seesaw(), h200(true, true));
+        assert_eq!(narrow.without_seesaw_model(), h200(true, true));
         // Other rules as they are.
         for other in [SplitRule::Single, SplitRule::Fixed { splits: 3 }] {
-            assert_eq!(other.with_narrow_single(true), other);
+            assert_eq!(other.with_narrow_singles(true), other);
         }
     }
 
@@ -822,7 +824,7 @@ mod tests {
             h200(true, true).with_kernels(true, true, TILE, Some(2048)),
             h200(true, true)
                 .with_kernels(true, true, TILE, Some(2048))
-                .with_narrow_single(true),
+                .with_narrow_singles(true),
             SplitRule::Vllm { sm_count: 132 },
         ] {
             for (max_rows, max_len, heads) in [

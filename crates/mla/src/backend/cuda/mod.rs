@@ -288,7 +288,7 @@ impl CudaBackend {
                     k.stage1.decode.tile_keys(),
                     k.stage1.seesaw_keys(heads),
                 )
-                .with_narrow_single(k.stage1.narrow_singles()),
+                .with_narrow_singles(k.stage1.narrow_singles),
             None => rule,
         }
     }

@@ -714,8 +714,12 @@ pub struct Stage1 {
     pub packed_seesaw: Option<Variant>,
     /// The kernel of few-head multi-token decodes that do not pack into the wgmma tile, on
     /// pages it tiles ([`splits::tma_pages`]); at 16 heads over a cache in the model dtype,
-    /// of the single-token decodes whose grid it fills ([`Stage1::narrow_singles`]).
+    /// of the single-token decodes whose grid it fills (`narrow_singles`).
     pub narrow: Option<Variant>,
+    /// Whether the narrow kernel takes the single-token decodes [`splits::narrow_single`]
+    /// allows: as shipped at 16 heads over a cache in the model dtype, where it is built
+    /// (the fill rule models it, `SplitRule::with_narrow_singles`).
+    pub narrow_singles: bool,
     /// The kernel of the decodes that take one query token a CTA (instead of `decode`), on
     /// pages it tiles, from [`SEESAW_MIN_HEADS`] heads (every head count when forced);
     /// none on a decoder that schedules on the device (it has no scheduled variant).
@@ -766,6 +770,7 @@ impl Stage1 {
         let narrow = (wgmma && (heads <= narrow_heads || singles) && !shape.fp8_query)
             .then(|| narrow_variant(shape, smem_limit))
             .flatten();
+        let narrow_singles = singles && narrow.is_some();
         let seesaw_heads = match choice {
             KernelChoice::Seesaw => true,
             KernelChoice::Auto => seesaw_min_split_keys(heads).is_some(),
@@ -795,6 +800,7 @@ impl Stage1 {
             packed,
             packed_seesaw,
             narrow,
+            narrow_singles,
             seesaw,
             fp8,
             choice,
@@ -873,14 +879,14 @@ impl Stage1 {
     /// [`launch`](Self::launch) for a planned decode on a GPU of `sm_count` SMs, where
     /// the narrow kernel also takes, instead of the decode kernel, the single tokens whose
     /// grid it fills ([`splits::narrow_single`], on pages it tiles) when the decoder runs it
-    /// for them ([`narrow_singles`](Self::narrow_singles)) and the decode is not scheduled
+    /// for them (`narrow_singles`) and the decode is not scheduled
     /// (the narrow kernel has no scheduled variant).
     pub fn launch_for(&self, plan: &DecodePlan, sm_count: usize) -> (Variant, usize) {
         let split_keys = plan.split_keys();
         let launched = self.launch(plan.heads, plan.query_len, plan.kv.page_size, split_keys);
         let ctas = plan.rows * plan.num_kv_splits.max(1);
-        let single = launched.0 == self.decode
-            && self.narrow_singles()
+        let single = self.narrow_singles
+            && launched.0 == self.decode
             && plan.schedule_workspace.is_none()
             && splits::tma_pages(plan.kv.page_size)
             && splits::narrow_single(plan.heads, plan.query_len, split_keys, ctas, sm_count);
@@ -888,13 +894,6 @@ impl Stage1 {
             Some(n) if single => (n, 1),
             _ => launched,
         }
-    }
-
-    /// Whether the narrow kernel takes the single-token decodes [`splits::narrow_single`]
-    /// allows: as shipped, over a cache in the model dtype (the fill rule models it,
-    /// `SplitRule::with_narrow_single`).
-    pub fn narrow_singles(&self) -> bool {
-        self.choice == KernelChoice::Auto && self.narrow.is_some_and(|n| n.kv == 0)
     }
 
     /// Every stage-1 kernel the decoder can launch.
@@ -1408,23 +1407,26 @@ mod tests {
         );
         // The narrow kernel's single tokens: as shipped at 16 heads over a cache in the model
         // dtype (not fp8, not in the fp8-query mode), forced or not at all elsewhere.
-        assert!(choose(16, true, Auto).narrow_singles());
+        assert!(choose(16, true, Auto).narrow_singles);
         for kv in [KvFormat::Fp8E4m3, KvFormat::F16] {
             let s = Stage1::choose(16, bf16(kv), 232_448, true, Auto).unwrap();
-            assert!(s.narrow.is_none() && !s.narrow_singles(), "{kv:?}");
+            assert!(s.narrow.is_none() && !s.narrow_singles, "{kv:?}");
         }
         let mut fp8q = bf16(KvFormat::Bf16);
         fp8q.fp8_query = true;
         assert!(
             !Stage1::choose(16, fp8q, 232_448, true, Auto)
                 .unwrap()
-                .narrow_singles()
+                .narrow_singles
         );
         for choice in [Narrow, Mma, Wgmma, KernelChoice::Seesaw] {
-            assert!(!choose(16, true, choice).narrow_singles(), "{choice:?}");
+            assert!(!choose(16, true, choice).narrow_singles, "{choice:?}");
         }
-        assert!(!choose(16, false, Auto).narrow_singles());
+        assert!(!choose(16, false, Auto).narrow_singles);
         assert!(choose(17, true, Auto).narrow.is_none());
+        // Built at 8 heads for multi-token rows, it takes no single tokens there.
+        let eight = choose(8, true, Auto);
+        assert!(eight.narrow.is_some() && !eight.narrow_singles);
         assert_eq!(choose(16, true, Narrow).variants().count(), 3);
         assert_eq!(count(16, false), 1);
         assert!(
