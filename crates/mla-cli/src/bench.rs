@@ -66,6 +66,19 @@ pub struct BenchArgs {
     /// grid, its fp8 cases take it.
     #[arg(long)]
     fp8_query: bool,
+    /// The stage-1 kernel family: auto (the shipped choice), or one of mma, wgmma, narrow,
+    /// seesaw, wgmma-fp8 forced wherever it can run (for comparisons; the output's `kernel`
+    /// column says which family ran).
+    #[arg(long, default_value = "auto", value_parser = kernel_choice)]
+    kernel: mla::KernelChoice,
+    /// The device schedule's costs SEG,MIN (a segment's fixed cost, a stretch's fewest blocks;
+    /// each 0 to 64), for tuning them; default the shipped ones.
+    #[arg(long, value_parser = schedule_costs)]
+    schedule_costs: Option<mla::ScheduleCosts>,
+    /// Launch the kernels after a decode's first without programmatic dependent launch (PDL),
+    /// to measure what it saves.
+    #[arg(long)]
+    no_pdl: bool,
     /// Timed runs per case: CPU decodes, or GPU graph replays (default 5; anchors use 10).
     #[arg(long, value_parser = positive)]
     iters: Option<usize>,
@@ -82,6 +95,16 @@ pub struct BenchArgs {
     /// DCP interleave: tokens per chunk dealt to a rank.
     #[arg(long, value_parser = positive, default_value_t = 1)]
     dcp_interleave: usize,
+}
+
+/// A kernel choice by its name.
+fn kernel_choice(s: &str) -> Result<mla::KernelChoice, String> {
+    s.parse().map_err(|e: mla::Error| e.to_string())
+}
+
+/// The schedule's costs as `SEG,MIN`.
+fn schedule_costs(s: &str) -> Result<mla::ScheduleCosts, String> {
+    s.parse().map_err(|e: mla::Error| e.to_string())
 }
 
 /// A whole number >= 1.
@@ -110,6 +133,11 @@ struct Case {
     device_schedule: bool,
     /// `--fp8-query`: the fp8-query mode.
     fp8_query: bool,
+    /// `--kernel`: the stage-1 family asked for (`auto`, or the one forced).
+    kernel_choice: String,
+    /// `--kernel`, `--schedule-costs`, `--no-pdl`.
+    #[serde(skip)]
+    tuning: mla::Tuning,
 }
 
 /// What a case measured.
@@ -118,7 +146,8 @@ struct Measured {
     #[serde(flatten)]
     case: Case,
     backend: &'static str,
-    /// The stage-1 kernel (`cpu`, `mla_decode_split`, `mla_decode_wgmma`).
+    /// The stage-1 kernel family that ran (`cpu`, `mma`, `wgmma`, `narrow`, `seesaw`,
+    /// `wgmma-fp8`).
     kernel: &'static str,
     device: String,
     num_kv_splits: usize,
@@ -144,6 +173,15 @@ impl BenchArgs {
             || self.varlen
     }
 
+    /// The settings of every case of the run.
+    fn tuning(&self) -> mla::Tuning {
+        mla::Tuning {
+            kernel: self.kernel,
+            schedule_costs: self.schedule_costs.unwrap_or_default(),
+            pdl: !self.no_pdl,
+        }
+    }
+
     fn case(&self) -> Case {
         Case {
             batch: self.batch.unwrap_or(8),
@@ -158,14 +196,17 @@ impl BenchArgs {
             fixed_splits: self.splits,
             device_schedule: self.schedule,
             fp8_query: self.fp8_query,
+            kernel_choice: self.kernel.to_string(),
+            tuning: self.tuning(),
         }
     }
 }
 
-/// The default grid: DeepSeek-V3 shapes (576-wide rows, page 64), sized for a CPU, with
-/// `fixed_splits` (`--splits`) and `device_schedule` (`--schedule`) for every case and
-/// `fp8_query` (`--fp8-query`) for the fp8 ones.
-fn grid(fixed_splits: Option<usize>, device_schedule: bool, fp8_query: bool) -> Vec<Case> {
+/// The default grid: DeepSeek-V3 shapes (576-wide rows, page 64), sized for a CPU, with the
+/// run's settings (`--splits`, `--schedule`, `--kernel`, ...) for every case and
+/// `--fp8-query` for the fp8 ones.
+fn grid(args: &BenchArgs) -> Vec<Case> {
+    let base = args.case();
     let mut cases = Vec::new();
     for heads in [16, 128] {
         for kv in ["bf16", "fp8"] {
@@ -180,9 +221,8 @@ fn grid(fixed_splits: Option<usize>, device_schedule: bool, fp8_query: bool) -> 
                     causal: true,
                     window: None,
                     varlen: false,
-                    fixed_splits,
-                    device_schedule,
-                    fp8_query: fp8_query && kv == "fp8",
+                    fp8_query: base.fp8_query && kv == "fp8",
+                    ..base.clone()
                 });
             }
         }
@@ -206,7 +246,7 @@ pub fn run(args: &BenchArgs) -> mla::Result<()> {
     let cases = if args.has_case() {
         vec![args.case()]
     } else {
-        grid(args.splits, args.schedule, args.fp8_query)
+        grid(args)
     };
     let iters = args.iters.unwrap_or(5);
     let mut progress = Progress::new(cases.len(), args.json);
@@ -244,6 +284,7 @@ fn config(case: &Case) -> mla::Result<(MlaConfig, CacheDtype)> {
     cfg.num_kv_splits = case.fixed_splits;
     cfg.device_schedule = case.device_schedule;
     cfg.fp8_query = case.fp8_query;
+    cfg.tuning = case.tuning;
     Ok((cfg, cache))
 }
 

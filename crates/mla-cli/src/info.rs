@@ -35,7 +35,7 @@ pub fn run(args: &InfoArgs) -> Result<(), mla::Error> {
     );
     println!(
         "num_kv_splits ({:?}, {units} SMs or threads; pages of 64 keys):",
-        dec.config().split_rule
+        dec.split_rule()
     );
     let row = |f: &dyn Fn(usize) -> usize| {
         LENGTHS

@@ -19,65 +19,22 @@ pub struct PrecompileArgs {
 
 #[cfg(feature = "cuda")]
 pub fn run(args: &PrecompileArgs) -> mla::Result<()> {
-    use mla::backend::cuda::compile::{self, Built, Target};
-    use mla::backend::cuda::registry;
-
-    let mut builds: Vec<(String, Built)> = Vec::new();
-    // The DCP family (decode context parallelism) is built for every target too, so that a
-    // DcpDecode starts warm.
-    let mut dcp: Vec<(String, mla::dcp::kernels::DcpBuilt)> = Vec::new();
-    let mut targets: Vec<Target> = Vec::new();
+    let mut builds = Vec::new();
     if args.arch.is_empty() {
-        let mut dec = mla::MlaDecode::new(&mla::MlaConfig::new(16, 0.1), mla::Device::Cuda(0))?;
-        let Some(cuda) = dec.cuda_backend_mut() else {
-            return Err(mla::Error::NoCudaDevice("no CUDA backend".into()));
-        };
-        let arch = cuda.target().arch.clone();
-        for b in cuda.precompile_all()? {
-            builds.push((arch.clone(), b.clone()));
-        }
-        targets.push(cuda.target().clone());
+        builds = mla::precompile::for_device(0)?;
     } else {
-        for name in &args.arch {
-            let (major, minor) =
-                Target::parse_arch(name).ok_or_else(|| mla::Error::InvalidConfig {
-                    field: "arch",
-                    reason: format!("expected a name like sm_90a, got {name:?}"),
-                })?;
-            let target = Target::new(major, minor)?;
-            let smem_limit = registry::smem_limit_of_arch(major, minor);
-            for v in registry::all_variants(smem_limit, target.wgmma()) {
-                let b = compile::build(&v, &target, !args.deny_spills)?;
-                builds.push((target.arch.clone(), b));
-            }
-            targets.push(target);
+        for arch in &args.arch {
+            builds.extend(mla::precompile::for_arch(arch, !args.deny_spills)?);
         }
     }
-    for target in &targets {
-        for dtype in [mla::ModelDtype::Bf16, mla::ModelDtype::F16] {
-            let b = mla::dcp::kernels::build(target, dtype, !args.deny_spills)?;
-            dcp.push((target.arch.clone(), b));
-        }
-    }
-
     println!(
         "{:<8} {:<20} {:<54} {:>5} {:>6} {:>8} {:>9}",
         "arch", "kernel", "defines", "regs", "spills", "source", "ms"
     );
-    let rows = builds
-        .iter()
-        .map(|(arch, b)| {
-            let name = b.variant.family.entry().to_string();
-            (arch, name, b.variant.defines().join(" "), &b.module)
-        })
-        .chain(dcp.iter().map(|(arch, b)| {
-            let bf16 = u8::from(b.model_dtype == mla::ModelDtype::Bf16);
-            let defines = format!("MODEL_BF16={bf16}");
-            (arch, "dcp (5 entries)".to_string(), defines, &b.module)
-        }));
     let mut spilled = 0;
-    for (arch, name, defines, module) in rows {
-        let (usage, from_disk, millis) = (module.usage, module.from_disk, module.millis);
+    for b in &builds {
+        let (arch, name, defines) = (&b.arch, &b.kernel, &b.defines);
+        let (usage, from_disk, millis) = (b.usage, b.from_disk, b.millis);
         let (regs, spills) = match usage {
             Some(u) => (
                 u.registers.to_string(),
@@ -101,7 +58,7 @@ pub fn run(args: &PrecompileArgs) -> mla::Result<()> {
     }
     println!(
         "{} kernels built, {} with spills or serialized wgmma",
-        builds.len() + dcp.len(),
+        builds.len(),
         spilled
     );
     if args.deny_spills && spilled > 0 {

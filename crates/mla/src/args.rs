@@ -3,8 +3,17 @@
 //! Shapes use the contract's names: `rows = requests * query_len`, `H` query heads (times the
 //! DCP world size), `L` = kv_lora_rank, `R` = rope dim, `D = L + R`.
 
-use crate::plan::Mask;
 use crate::tensor::{TensorMut, TensorRef};
+
+/// How the Q tokens of a request see each other (it matters only when Q > 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mask {
+    /// Token t sees the prefix and block tokens 0..=t (speculative-decoding verify).
+    #[default]
+    Causal,
+    /// Every token of the block sees the whole sequence (a draft block).
+    NonCausal,
+}
 
 /// The query, whole or in its two parts (reading two pointers saves the caller a concat).
 #[derive(Debug, Clone, Copy)]

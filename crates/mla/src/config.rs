@@ -7,7 +7,7 @@
 
 use crate::dtype::{CacheDtype, KvFormat, ModelDtype};
 use crate::error::{Capability, Error, Result};
-use crate::plan::SplitRule;
+use crate::kernels::KernelChoice;
 
 /// The largest fixed split count a configuration may ask for (`MlaConfig::num_kv_splits`):
 /// the workspace grows with it, and the combine walks the splits in order.
@@ -54,6 +54,8 @@ pub enum DeviceInfo {
         capability: Capability,
         /// Streaming multiprocessors: bounds the split count.
         sm_count: usize,
+        /// Dynamic shared memory a block may take (bytes): which kernel variants fit.
+        smem_per_block: usize,
     },
 }
 
@@ -65,6 +67,7 @@ impl std::fmt::Display for DeviceInfo {
                 name,
                 capability,
                 sm_count,
+                ..
             } => write!(
                 f,
                 "{name} (compute capability {capability}, {sm_count} SMs)"
@@ -126,7 +129,6 @@ pub struct MlaConfig {
     /// requests x 4096 keys, 128 heads: 46.5 against 34.7 us). A batch of one request keeps
     /// the split grid, which already spreads it evenly. Ignored on the CPU, with a fixed
     /// split count and in batch-invariant mode.
-    /// The environment's `MLA_SCHEDULE=1` or `0` overrides it.
     pub device_schedule: bool,
     /// The fp8-query mode (vLLM's quantized query input, FlashMLA's fp8 path): with an fp8
     /// cache, q is quantized to fp8 e4m3 with the per-tensor `q_scale` of each call
@@ -135,6 +137,101 @@ pub struct MlaConfig {
     /// the default (a bf16 or f16 q against the decoded cache), by design: it is the numerics
     /// of fp8 tensor cores. Needs an fp8 cache.
     pub fp8_query: bool,
+    /// Settings for benchmarks and tests (a forced kernel family, the schedule's costs, PDL);
+    /// the defaults are what ships.
+    pub tuning: Tuning,
+}
+
+/// Settings for benchmarks, tests and kernel work. The defaults are what ships; none of them
+/// changes which keys a row sees, only which kernels run and how they are launched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    /// The stage-1 kernel family (`mla bench --kernel`): the shipped choice, or one family
+    /// forced wherever it can run (decodes it cannot take run the shipped choice; a plan says
+    /// which family ran, [`crate::DecodePlan::kernel`]).
+    pub kernel: KernelChoice,
+    /// The device schedule's costs (docs/scheduler.md): a segment's fixed cost and a stretch's
+    /// fewest blocks beyond it, each at most 64.
+    pub schedule_costs: ScheduleCosts,
+    /// Whether the kernels after a decode's first start as programmatic dependent launches on
+    /// Hopper (the combine, and on the schedule the stage-1 kernel after the scheduler): they
+    /// are then resident while the one before finishes.
+    pub pdl: bool,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            kernel: KernelChoice::Auto,
+            schedule_costs: ScheduleCosts::default(),
+            pdl: true,
+        }
+    }
+}
+
+/// The device schedule's two costs (docs/scheduler.md), in key blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScheduleCosts {
+    /// A segment's fixed cost.
+    pub segment: usize,
+    /// A stretch's fewest blocks beyond it.
+    pub min_blocks: usize,
+}
+
+impl Default for ScheduleCosts {
+    fn default() -> Self {
+        ScheduleCosts::SHIPPED
+    }
+}
+
+impl std::str::FromStr for ScheduleCosts {
+    type Err = Error;
+
+    /// `SEG,MIN`, each 0 to 64.
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || {
+            Error::config(
+                "schedule_costs",
+                format!("expected SEG,MIN with each 0 to 64, got {s:?}"),
+            )
+        };
+        let (seg, min) = s.split_once(',').ok_or_else(bad)?;
+        let (segment, min_blocks) = (
+            seg.trim().parse().map_err(|_| bad())?,
+            min.trim().parse().map_err(|_| bad())?,
+        );
+        let costs = ScheduleCosts {
+            segment,
+            min_blocks,
+        };
+        costs.check().map_err(|_| bad())?;
+        Ok(costs)
+    }
+}
+
+impl ScheduleCosts {
+    /// The costs as shipped: a segment costs 2 blocks beyond its own, and a stretch holds at
+    /// least 3 blocks beyond one segment cost (a batch of one short request is not cut into
+    /// pieces of one block).
+    pub const SHIPPED: ScheduleCosts = ScheduleCosts {
+        segment: 2,
+        min_blocks: 3,
+    };
+
+    /// The most either cost may be (the range the schedule's tests cover).
+    pub const MAX: usize = 64;
+
+    fn check(&self) -> Result<()> {
+        for (what, v) in [("segment", self.segment), ("min_blocks", self.min_blocks)] {
+            if v > Self::MAX {
+                return Err(Error::config(
+                    "schedule_costs",
+                    format!("{what}: expected at most {}, got {v}", Self::MAX),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl MlaConfig {
@@ -157,6 +254,7 @@ impl MlaConfig {
             num_kv_splits: None,
             device_schedule: false,
             fp8_query: false,
+            tuning: Tuning::default(),
         }
     }
 
@@ -213,26 +311,6 @@ impl MlaConfig {
             DeviceInfo::Cpu { threads } => *threads,
             DeviceInfo::Cuda { sm_count, .. } => *sm_count,
         });
-        // Batch-invariant mode: one split. Else the CPU backend is the reference: vLLM's rule;
-        // the GPU picks its split count with a small cost model (waves of CTAs, tiles per
-        // CTA, partials moved by the combine).
-        let split_rule = match (device, self.num_kv_splits) {
-            _ if self.batch_invariant => SplitRule::Single,
-            (_, Some(splits)) => SplitRule::Fixed { splits },
-            (DeviceInfo::Cpu { .. }, None) => SplitRule::Vllm { sm_count },
-            // Which kernels run is the backend's choice: it says so once it has chosen them
-            // (`Backend::split_rule`).
-            (DeviceInfo::Cuda { .. }, None) => SplitRule::Fill {
-                sm_count,
-                kv_lora_rank: self.kv_lora_rank,
-                max_splits: 64,
-                wgmma: false,
-                narrow: false,
-                decode_tile: crate::plan::splits::TILE,
-                seesaw_keys: None,
-                narrow_singles: false,
-            },
-        };
         Ok(ValidConfig {
             num_heads: self.num_heads,
             q_heads: self.num_heads * self.dcp_world_size,
@@ -246,9 +324,10 @@ impl MlaConfig {
             batch_invariant: self.batch_invariant,
             dcp_world_size: self.dcp_world_size,
             sm_count,
-            split_rule,
-            schedule: self.device_schedule,
+            num_kv_splits: self.num_kv_splits,
+            device_schedule: self.device_schedule,
             fp8_query: self.fp8_query,
+            tuning: self.tuning,
         })
     }
 
@@ -341,6 +420,7 @@ impl MlaConfig {
             }
             _ => {}
         }
+        self.tuning.schedule_costs.check()?;
         if self.num_heads.checked_mul(self.dcp_world_size).is_none() {
             return Err(Error::config(
                 "dcp_world_size",
@@ -378,14 +458,15 @@ pub struct ValidConfig {
     pub dcp_world_size: usize,
     /// SMs (or CPU threads, or the `split_units` override) for the split rule.
     pub sm_count: usize,
-    /// How rows are cut into splits (vLLM's rule on the CPU, filling the SMs on a GPU).
-    pub split_rule: SplitRule,
-    /// Whether single-token decodes take the device-computed schedule instead of the split
-    /// rule's grid (docs/scheduler.md; only under the fill rule): as validated, what the
-    /// configuration asked for; once a backend is configured, whether it does.
-    pub schedule: bool,
+    /// The fixed split count asked for ([`MlaConfig::num_kv_splits`]).
+    pub num_kv_splits: Option<usize>,
+    /// Whether the device-computed schedule was asked for ([`MlaConfig::device_schedule`]);
+    /// whether a decoder takes it is its plan's decision.
+    pub device_schedule: bool,
     /// The fp8-query mode ([`MlaConfig::fp8_query`]); the cache is fp8.
     pub fp8_query: bool,
+    /// Settings for benchmarks and tests ([`MlaConfig::tuning`]).
+    pub tuning: Tuning,
 }
 
 impl ValidConfig {
@@ -398,39 +479,6 @@ impl ValidConfig {
     pub fn span(&self, max_seq: usize) -> usize {
         self.sliding_window.map_or(max_seq, |w| max_seq.min(w))
     }
-
-    /// Whether decodes may take the device-computed schedule: the backend runs it and the
-    /// split count is the fill rule's to choose (not a fixed count, not batch-invariant).
-    pub fn schedules(&self) -> bool {
-        self.schedules_if(self.schedule)
-    }
-
-    /// Whether a decode of `requests` requests (or at most that many) takes the
-    /// device-computed schedule: where decodes may ([`ValidConfig::schedules`]) and there are
-    /// two or more. One request has nothing to balance: the split grid already gives it an
-    /// even share of the keys a CTA, without the schedule kernel and its pieces (10 to 20 us
-    /// on the H200 at batch 1, BENCHMARKS.md, twentieth and twenty-third sessions).
-    pub fn schedules_requests(&self, requests: usize) -> bool {
-        self.schedules() && requests > 1
-    }
-
-    /// Whether decodes would take the device-computed schedule if `asked`: only where the
-    /// split count is the fill rule's to choose.
-    pub fn schedules_if(&self, asked: bool) -> bool {
-        asked && matches!(self.split_rule, SplitRule::Fill { .. })
-    }
-
-    /// Splits per row for `rows` query rows whose longest length is `max_seq`, over a cache
-    /// of pages of `page_size` keys (1 in batch-invariant mode, whose rule is
-    /// [`SplitRule::Single`]).
-    pub fn splits(&self, max_seq: usize, rows: usize, query_len: usize, page_size: usize) -> usize {
-        self.split_rule.for_pages(page_size).splits(
-            self.span(max_seq),
-            rows,
-            query_len,
-            self.q_heads,
-        )
-    }
 }
 
 #[cfg(test)]
@@ -442,6 +490,7 @@ mod tests {
             name: "Test GPU".into(),
             capability: Capability { major, minor },
             sm_count: 80,
+            smem_per_block: 232_448,
         }
     }
 
@@ -606,52 +655,30 @@ mod tests {
     }
 
     #[test]
-    fn a_fixed_split_count_replaces_the_rule_on_every_device() {
-        for device in [CPU, gpu(9, 0), gpu(8, 0)] {
-            let mut c = cfg();
-            c.num_kv_splits = Some(7);
-            let v = c.validate(&device).unwrap();
-            assert_eq!(v.split_rule, SplitRule::Fixed { splits: 7 });
-            assert_eq!(v.splits(100_000, 3, 1, 64), 7);
-        }
-        // One split is batch-invariant mode's own count.
-        let mut c = cfg();
-        c.num_kv_splits = Some(1);
-        c.batch_invariant = true;
-        assert_eq!(c.validate(&CPU).unwrap().split_rule, SplitRule::Single);
-    }
-
-    #[test]
-    fn only_the_fill_rule_hands_its_splits_to_the_schedule() {
-        let schedule = |mut c: MlaConfig, device: &DeviceInfo| {
-            c.num_heads = 128;
-            let mut v = c.validate(device).unwrap();
-            assert!(
-                !v.schedules(),
-                "off unless the configuration asks (device_schedule) and a backend can"
-            );
-            v.schedule = true; // what a CUDA backend that schedules sets
-            assert!(
-                !v.schedules_requests(1),
-                "one request has nothing to balance"
-            );
-            assert_eq!(v.schedules_requests(2), v.schedules());
-            v.schedules()
+    fn schedule_costs_parse_within_bounds_only() {
+        let costs = |seg, min| ScheduleCosts {
+            segment: seg,
+            min_blocks: min,
         };
-        assert!(schedule(cfg(), &gpu(9, 0)));
-        let mut fixed = cfg();
-        fixed.num_kv_splits = Some(4);
-        assert!(
-            !schedule(fixed, &gpu(9, 0)),
-            "a fixed split count is the user's"
-        );
-        let mut invariant = cfg();
-        invariant.batch_invariant = true;
-        assert!(
-            !schedule(invariant, &gpu(9, 0)),
-            "batch-invariant mode keeps one split"
-        );
-        assert!(!schedule(cfg(), &CPU), "the CPU keeps vLLM's rule");
+        assert_eq!("1,2".parse::<ScheduleCosts>().unwrap(), costs(1, 2));
+        assert_eq!(" 0 , 64 ".parse::<ScheduleCosts>().unwrap(), costs(0, 64));
+        for bad in ["", "3", "65,1", "1,65", "-1,2", "a,b", "1,2,3"] {
+            match bad.parse::<ScheduleCosts>() {
+                Err(Error::InvalidConfig { field, .. }) => assert_eq!(field, "schedule_costs"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        let mut c = cfg();
+        c.tuning.schedule_costs = costs(65, 0);
+        assert!(matches!(
+            c.validate(&CPU),
+            Err(Error::InvalidConfig {
+                field: "schedule_costs",
+                ..
+            })
+        ));
+        assert_eq!(Tuning::default().schedule_costs, ScheduleCosts::SHIPPED);
+        assert!(Tuning::default().pdl);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use crate::backend::{Backend, Device};
 use crate::config::{DeviceInfo, MlaConfig, ValidConfig};
 use crate::dtype::CacheDtype;
 use crate::error::{Error, Result};
-use crate::plan::{self, DecodePlan, WorkspaceManager};
+use crate::plan::{self, DecodePlan, Planner, SplitRule, WorkspaceManager};
 use crate::tensor::{Location, TensorRef};
 
 /// An MLA decoder: a validated configuration, a backend and its workspace.
@@ -44,7 +44,7 @@ use crate::tensor::{Location, TensorRef};
 /// ```
 #[derive(Debug)]
 pub struct MlaDecode {
-    config: ValidConfig,
+    planner: Planner,
     device: DeviceInfo,
     backend: Backend,
     workspace: WorkspaceManager,
@@ -59,12 +59,22 @@ impl MlaDecode {
     /// [`Error::NoCudaDevice`] for a GPU that cannot be used.
     pub fn new(config: &MlaConfig, device: Device) -> Result<Self> {
         let (mut backend, info) = Backend::open(device)?;
-        let mut config = config.validate(&info)?;
+        let config = config.validate(&info)?;
         backend.configure(&config)?;
-        config.split_rule = backend.split_rule(config.split_rule, config.q_heads);
-        config.schedule = backend.schedules();
+        let planner = Planner::new(config, &info)?;
+        if let Some(k) = planner.kernels() {
+            tracing::debug!(
+                decode = %k.decode,
+                packed = ?k.packed.map(|v| v.to_string()),
+                narrow = ?k.narrow.map(|v| v.to_string()),
+                seesaw = ?k.seesaw.map(|v| v.to_string()),
+                fp8_twin = ?k.fp8.map(|v| v.to_string()),
+                schedule = k.schedule,
+                "decoder kernels chosen"
+            );
+        }
         Ok(MlaDecode {
-            config,
+            planner,
             device: info,
             backend,
             workspace: WorkspaceManager::new(),
@@ -74,7 +84,19 @@ impl MlaDecode {
 
     /// The validated configuration.
     pub fn config(&self) -> &ValidConfig {
-        &self.config
+        self.planner.config()
+    }
+
+    /// How the decoder cuts rows into splits (vLLM's rule on the CPU, the fill rule on a GPU,
+    /// one split in batch-invariant mode, or the configuration's fixed count).
+    pub fn split_rule(&self) -> SplitRule {
+        self.planner.rule()
+    }
+
+    /// Whether decodes of two or more requests take the device-computed schedule
+    /// ([`MlaConfig::device_schedule`] on a GPU decoder whose split count is the fill rule's).
+    pub fn schedules(&self) -> bool {
+        self.planner.schedules()
     }
 
     /// The device the decoder runs on.
@@ -87,18 +109,11 @@ impl MlaDecode {
         self.backend.name()
     }
 
-    /// What computes stage 1 of a planned decode: `cpu`, or the CUDA kernel's entry point
-    /// (`mla_decode_split` for the mma.sync family; on Hopper `mla_decode_wgmma`, which
-    /// few-head multi-token decodes also take, `mla_decode_narrow` for up to 16 heads and
-    /// `mla_decode_seesaw` from 16 heads on long splits), so that a measurement can
-    /// say which kernel it timed.
+    /// What computes stage 1 of a planned decode: `cpu`, or the GPU kernel family
+    /// ([`crate::KernelFamily::name`]: `mma`, `wgmma`, `narrow`, `seesaw`, `wgmma-fp8`), so
+    /// that a measurement can say which kernel it timed.
     pub fn kernel_name(&self, plan: &DecodePlan) -> &'static str {
-        #[cfg(feature = "cuda")]
-        if let Some(v) = self.cuda_backend().and_then(|c| c.decode_variant(plan)) {
-            return v.family.entry();
-        }
-        let _ = plan;
-        self.backend.name()
+        plan.kernel().map_or(self.backend.name(), |k| k.name())
     }
 
     /// Where the decode's tensors must live.
@@ -169,7 +184,7 @@ impl MlaDecode {
         query_len: usize,
         page_size: usize,
     ) -> usize {
-        self.config.splits(max_kv_len, rows, query_len, page_size)
+        self.planner.splits(max_kv_len, rows, query_len, page_size)
     }
 
     /// Reserves the workspace for the worst case: `max_rows` query rows (max sequences times
@@ -179,14 +194,12 @@ impl MlaDecode {
     /// [`Error::WorkspaceLocked`] if that needs more than a locked workspace holds;
     /// [`Error::Overflow`].
     pub fn reserve_workspace(&mut self, max_rows: usize, max_model_len: usize) -> Result<()> {
-        let c = &self.config;
-        let row_splits = c
-            .split_rule
-            .max_row_splits(max_rows, c.span(max_model_len), c.q_heads);
+        let c = self.planner.config();
+        let row_splits = self.planner.max_row_splits(max_rows, max_model_len);
         // The views are sized by rows x splits, so one "row" of that many splits is the worst.
         let (_, mut bytes) = plan::decode_workspace(row_splits, c.q_heads, 1, c.kv_lora_rank)?;
         // `max_rows` bounds the requests: one row is one request, which never schedules.
-        if c.schedules_requests(max_rows) {
+        if self.planner.schedules_requests(max_rows) {
             let (_, scheduled) =
                 plan::scheduled_workspace(max_rows, c.q_heads, c.kv_lora_rank, c.sm_count)?;
             bytes = bytes.max(scheduled);
@@ -223,8 +236,7 @@ impl MlaDecode {
         let max = self
             .max_model_len
             .ok_or(Error::NotReserved("register_decode_warmup"))?;
-        let c = &self.config;
-        Ok(c.split_rule.warmup_counts(c.span(max), c.q_heads))
+        Ok(self.planner.warmup_counts(max))
     }
 
     /// Prepares every variant forward can pick for this cache (its dtype, page size and
@@ -242,18 +254,20 @@ impl MlaDecode {
         kv_cache: &TensorRef<'_, 3>,
         kv_cache_dtype: CacheDtype,
     ) -> Result<Vec<usize>> {
-        let configured = self.config.cache_dtype;
-        let same = kv_cache_dtype.resolve(self.config.model_dtype)? == self.config.kv_format;
+        let cfg = self.planner.config();
+        let configured = cfg.cache_dtype;
+        let same = kv_cache_dtype.resolve(cfg.model_dtype)? == cfg.kv_format;
         if !same {
             return Err(Error::CacheDtypeMismatch {
                 configured: configured.to_string(),
                 got: kv_cache_dtype.to_string(),
             });
         }
-        plan::check_kv_cache(&self.config, kv_cache, self.backend.location())?;
+        plan::check_kv_cache(cfg, kv_cache, self.backend.location())?;
         let counts = self.warmup_split_counts()?;
-        let max = counts.iter().copied().max().unwrap_or(1);
-        self.backend.warmup(max)?;
+        if let Some(k) = self.planner.kernels() {
+            self.backend.warmup(&k.variants())?;
+        }
         Ok(counts)
     }
 
@@ -267,7 +281,7 @@ impl MlaDecode {
         outputs: &DecodeOutputs<'_>,
     ) -> Result<DecodePlan> {
         DecodePlan::new(
-            &self.config,
+            &self.planner,
             inputs,
             outputs,
             self.backend.location(),
@@ -293,6 +307,9 @@ impl MlaDecode {
     }
 
     fn grow_workspace(&mut self, bytes: usize) -> Result<()> {
+        if bytes > self.workspace.size() {
+            tracing::debug!(from = self.workspace.size(), to = bytes, "workspace grows");
+        }
         let backend = &mut self.backend;
         self.workspace
             .ensure(bytes, |size| backend.resize_workspace(size))?;

@@ -70,18 +70,23 @@ pub mod dcp;
 mod decode;
 pub mod dtype;
 pub mod error;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod kernels;
 pub mod plan;
+#[cfg(feature = "cuda")]
+pub mod precompile;
 pub mod reference;
 pub mod synth;
 pub mod tensor;
 
-pub use args::{DecodeInputs, DecodeOutputs, Query};
+pub use args::{DecodeInputs, DecodeOutputs, Mask, Query};
 pub use backend::Device;
-pub use config::{AttentionType, DeviceInfo, MlaConfig, ValidConfig};
+pub use config::{AttentionType, DeviceInfo, MlaConfig, ScheduleCosts, Tuning, ValidConfig};
 pub use decode::MlaDecode;
 pub use dtype::{CacheDtype, DType, Element, KvFormat, ModelDtype};
 pub use error::{Capability, Error, Result};
-pub use plan::{DecodePlan, Mask};
+pub use kernels::{KernelChoice, KernelFamily};
+pub use plan::DecodePlan;
 pub use tensor::{Location, TensorMut, TensorRef};
 
 /// The cudarc this crate is built on, so that callers use the very same types.

@@ -16,7 +16,8 @@ use std::fmt;
 use crate::args::{DecodeInputs, DecodeOutputs};
 use crate::config::{DeviceInfo, ValidConfig};
 use crate::error::Result;
-use crate::plan::{DecodePlan, SplitRule};
+use crate::kernels::variant::Variant;
+use crate::plan::DecodePlan;
 use crate::tensor::Location;
 
 /// Which device a decoder runs on.
@@ -92,8 +93,8 @@ impl Backend {
         }
     }
 
-    /// Backend-specific limits on the configuration; the CUDA backend also chooses its
-    /// kernels for it here, once.
+    /// Backend-specific limits on the configuration (the CUDA kernels' widths and head count)
+    /// and the launch settings it takes from it.
     pub(crate) fn configure(&mut self, cfg: &ValidConfig) -> Result<()> {
         match self {
             Backend::Cpu(_) => {
@@ -105,38 +106,16 @@ impl Backend {
         }
     }
 
-    /// `rule` as it models the kernels `configure` chose for `heads` heads (the CUDA
-    /// backend's token-packing and seesaw kernels; the CPU has none).
-    pub(crate) fn split_rule(&self, rule: SplitRule, heads: usize) -> SplitRule {
+    /// Builds and loads `variants` (the kernels a GPU decoder can launch), so that no decode
+    /// compiles. The CPU backend has nothing to prepare.
+    pub(crate) fn warmup(&mut self, variants: &[Variant]) -> Result<()> {
         match self {
             Backend::Cpu(_) => {
-                let _ = heads;
-                rule
-            }
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(b) => b.split_rule(rule, heads),
-        }
-    }
-
-    /// Whether the configured decoder's single-token decodes take the device-computed
-    /// schedule (the CPU backend has none).
-    pub(crate) fn schedules(&self) -> bool {
-        match self {
-            Backend::Cpu(_) => false,
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(b) => b.schedules(),
-        }
-    }
-
-    /// Prepares every kernel the configured decoder can pick.
-    pub(crate) fn warmup(&mut self, max_splits: usize) -> Result<()> {
-        match self {
-            Backend::Cpu(_) => {
-                let _ = max_splits;
+                let _ = variants;
                 Ok(())
             }
             #[cfg(feature = "cuda")]
-            Backend::Cuda(b) => b.warmup(max_splits),
+            Backend::Cuda(b) => b.warmup(variants),
         }
     }
 

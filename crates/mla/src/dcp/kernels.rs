@@ -24,7 +24,7 @@ const HEADERS: [(&str, &str); 2] = [
 ];
 
 /// The kernels of the family, in the order the loaded family holds them.
-pub const ENTRIES: [&str; 5] = [
+pub(crate) const ENTRIES: [&str; 5] = [
     "dcp_local_seq_lens",
     "dcp_scale_partials",
     "dcp_finish_sum",
@@ -35,9 +35,7 @@ pub const ENTRIES: [&str; 5] = [
 /// A built module of the family (its ptxas report sums every entry's spills and takes the
 /// most registers).
 #[derive(Debug, Clone)]
-pub struct DcpBuilt {
-    /// The model dtype it was built for.
-    pub model_dtype: ModelDtype,
+pub(crate) struct DcpBuilt {
     /// The module.
     pub module: Module,
 }
@@ -47,7 +45,7 @@ pub struct DcpBuilt {
 ///
 /// # Errors
 /// [`Error::Compile`] with NVRTC's log.
-pub fn build(target: &Target, dtype: ModelDtype, use_cache: bool) -> Result<DcpBuilt> {
+pub(crate) fn build(target: &Target, dtype: ModelDtype, use_cache: bool) -> Result<DcpBuilt> {
     let mut opts = compile::base_options(target);
     opts.push(format!(
         "-DMODEL_BF16={}",
@@ -62,10 +60,7 @@ pub fn build(target: &Target, dtype: ModelDtype, use_cache: bool) -> Result<DcpB
         target,
         use_cache,
     )?;
-    Ok(DcpBuilt {
-        model_dtype: dtype,
-        module,
-    })
+    Ok(DcpBuilt { module })
 }
 
 /// The family's kernels, loaded on one device for one model dtype.

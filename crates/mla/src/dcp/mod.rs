@@ -21,7 +21,7 @@ pub mod shard;
 #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
 mod ffi;
 #[cfg(feature = "cuda")]
-pub mod kernels;
+pub(crate) mod kernels;
 #[cfg(feature = "cuda")]
 #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
 mod params;

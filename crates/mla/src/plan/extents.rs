@@ -5,15 +5,7 @@
 //! non-causal draft block: `end = seq_len`. A sliding window W: `start = max(0, end - W)`.
 //! The row attends to key positions `[start, end)`.
 
-/// How the Q tokens of a request see each other (it matters only when Q > 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Mask {
-    /// Token t sees the prefix and block tokens 0..=t (speculative-decoding verify).
-    #[default]
-    Causal,
-    /// Every token of the block sees the whole sequence (a draft block).
-    NonCausal,
-}
+pub use crate::args::Mask;
 
 /// A half-open range of key positions `[start, end)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -5,26 +5,35 @@
 //! strides, batch structure, values) and records what the backends need: sizes, strides,
 //! the split count and the workspace views. Backends execute a plan; they never re-derive it.
 //!
+//! [`Planner`] holds what is decided once per decoder: the split rule, the GPU kernels it may
+//! launch ([`kernel::KernelSet`]) and whether it takes the device schedule.
+//!
 //! - [`extents`]: which keys each query row sees.
+//! - [`kernel`]: which stage-1 kernel variant runs a decode (the one place that decides it).
 //! - [`splits`]: the split count and each split's keys.
 //! - [`workspace`]: the locked scratch buffer and its aligned views.
 //! - [`schedule`]: the work schedule of a scheduled GPU decode (the GPU scheduler's
 //!   reference).
 
 pub mod extents;
+pub mod kernel;
 pub mod schedule;
 pub mod splits;
 pub mod workspace;
 
 pub use extents::{KeyRange, Mask, key_range};
 pub use splits::{SplitRule, num_kv_splits, split_range, warmup_split_counts};
+
+use self::kernel::{Gpu, KernelSet, Pick};
+use self::splits::Batch;
 pub use workspace::{Region, WorkspaceManager};
 
 use crate::args::host_scale;
 use crate::args::{DecodeInputs, DecodeOutputs, Query};
-use crate::config::ValidConfig;
+use crate::config::{DeviceInfo, ValidConfig};
 use crate::dtype::{DType, KvFormat, ModelDtype};
 use crate::error::{Error, Result};
+use crate::kernels::KernelFamily;
 use crate::tensor::{Location, TensorRef};
 
 /// Where the q parts are: element strides of the latent and rotary parts (for a packed q both
@@ -109,9 +118,145 @@ pub struct DecodePlan {
     pub schedule_workspace: Option<ScheduledViews>,
     /// Bytes the workspace must hold for this call.
     pub workspace_bytes: usize,
+    /// The stage-1 variant a GPU decoder launches (None on the CPU).
+    pub(crate) stage1: Option<Pick>,
+}
+
+/// What is decided once per decoder, from its validated configuration and its device: how
+/// rows are cut into splits, the GPU kernels it may launch, whether it takes the device
+/// schedule. Every decode's plan is made from it ([`DecodePlan::new`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Planner {
+    cfg: ValidConfig,
+    rule: SplitRule,
+    kernels: Option<KernelSet>,
+}
+
+impl Planner {
+    /// The planner of a decoder on `device`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when the device cannot run the configuration's kernels.
+    pub(crate) fn new(cfg: ValidConfig, device: &DeviceInfo) -> Result<Planner> {
+        let gpu = Gpu::of(device);
+        // Batch-invariant mode: one split. Else a fixed count where asked; else the CPU
+        // backend, the reference, follows vLLM's rule, and a GPU picks its count with a small
+        // cost model of the kernels it runs.
+        let rule = match (cfg.num_kv_splits, gpu) {
+            _ if cfg.batch_invariant => SplitRule::Single,
+            (Some(splits), _) => SplitRule::Fixed { splits },
+            (None, None) => SplitRule::Vllm {
+                sm_count: cfg.sm_count,
+            },
+            (None, Some(_)) => SplitRule::Fill {
+                sm_count: cfg.sm_count,
+                kv_lora_rank: cfg.kv_lora_rank,
+            },
+        };
+        let fills = matches!(rule, SplitRule::Fill { .. });
+        let kernels = match gpu {
+            Some(gpu) => Some(KernelSet::for_decoder(&cfg, gpu, fills)?),
+            None => None,
+        };
+        Ok(Planner { cfg, rule, kernels })
+    }
+
+    /// The validated configuration.
+    pub(crate) fn config(&self) -> &ValidConfig {
+        &self.cfg
+    }
+
+    /// The split rule.
+    pub(crate) fn rule(&self) -> SplitRule {
+        self.rule
+    }
+
+    /// The GPU kernels (None on the CPU).
+    pub(crate) fn kernels(&self) -> Option<&KernelSet> {
+        self.kernels.as_ref()
+    }
+
+    /// Whether decodes of two or more requests take the device-computed schedule.
+    pub(crate) fn schedules(&self) -> bool {
+        self.kernels.as_ref().is_some_and(|k| k.schedule)
+    }
+
+    /// Whether a decode of `requests` requests (or at most that many) takes the
+    /// device-computed schedule: where the decoder does and there are two or more. One
+    /// request has nothing to balance: the split grid already gives it an even share of the
+    /// keys a CTA, without the schedule kernel and its pieces (10 to 20 us on the H200 at
+    /// batch 1).
+    pub(crate) fn schedules_requests(&self, requests: usize) -> bool {
+        self.schedules() && requests > 1
+    }
+
+    /// Splits per row for `rows` query rows (`query_len` a request) whose longest length is
+    /// `max_seq`, over a cache of pages of `page_size` keys.
+    pub(crate) fn splits(
+        &self,
+        max_seq: usize,
+        rows: usize,
+        query_len: usize,
+        page_size: usize,
+    ) -> usize {
+        self.rule.splits(
+            self.kernels(),
+            &self.batch(max_seq, rows, query_len, page_size),
+        )
+    }
+
+    fn batch(&self, max_seq: usize, rows: usize, query_len: usize, page_size: usize) -> Batch {
+        Batch {
+            max_span: self.cfg.span(max_seq),
+            rows,
+            query_len,
+            heads: self.cfg.q_heads,
+            page_size,
+        }
+    }
+
+    /// The most `rows x splits` a batch of at most `max_rows` rows over at most
+    /// `max_model_len` keys can need.
+    pub(crate) fn max_row_splits(&self, max_rows: usize, max_model_len: usize) -> usize {
+        let c = &self.cfg;
+        self.rule
+            .max_row_splits(self.kernels(), max_rows, c.span(max_model_len), c.q_heads)
+    }
+
+    /// The split counts a decode can use up to `max_model_len` keys.
+    pub(crate) fn warmup_counts(&self, max_model_len: usize) -> Vec<usize> {
+        let c = &self.cfg;
+        self.rule
+            .warmup_counts(self.kernels(), c.span(max_model_len), c.q_heads)
+    }
+
+    /// The stage-1 variant of a decode (None on the CPU).
+    fn pick(&self, b: &Batch, splits: usize, scheduled: bool) -> Option<Pick> {
+        let call = kernel::Call {
+            scheduled,
+            ..b.call(splits)
+        };
+        self.kernels.as_ref().map(|k| k.pick(&call))
+    }
 }
 
 impl DecodePlan {
+    /// The stage-1 kernel family that runs this decode (None on the CPU backend).
+    pub fn kernel(&self) -> Option<KernelFamily> {
+        self.stage1.map(|p| p.family())
+    }
+
+    /// Query tokens of a request each stage-1 CTA takes (1 unless tokens pack; 1 on the CPU).
+    pub fn tokens_per_cta(&self) -> usize {
+        self.stage1.map_or(1, |p| p.tokens)
+    }
+
+    /// Whether the decode runs on the device-computed schedule.
+    pub fn scheduled(&self) -> bool {
+        self.stage1
+            .is_some_and(|p| p.variant.grid == crate::kernels::variant::Grid::Scheduled)
+    }
+
     /// Row width D = L + R.
     pub fn head_dim(&self) -> usize {
         self.kv_lora_rank + self.rope_dim
@@ -149,13 +294,14 @@ impl DecodePlan {
     /// [`Error::Dtype`], [`Error::WrongDevice`], [`Error::Shape`], [`Error::Stride`],
     /// [`Error::NonUniformDecode`], [`Error::QueryLen`], [`Error::CausalMultiTokenWithDcp`],
     /// [`Error::KScale`], [`Error::QScale`], [`Error::NegativeSeqLen`] (host seq_lens), [`Error::Overflow`].
-    pub fn new(
-        cfg: &ValidConfig,
+    pub(crate) fn new(
+        planner: &Planner,
         inputs: &DecodeInputs<'_>,
         outputs: &DecodeOutputs<'_>,
         location: Location,
         max_model_len: Option<usize>,
     ) -> Result<DecodePlan> {
+        let cfg = planner.config();
         let (h, l, r) = (cfg.q_heads, cfg.kv_lora_rank, cfg.rope_dim);
         let d = l + r;
         let model = cfg.model_dtype.storage();
@@ -321,9 +467,12 @@ impl DecodePlan {
                     "a decode with seq_lens on the device and no max_seq_len",
                 ))?;
 
-        let num_kv_splits = cfg.splits(max_seq, rows, inputs.query_len, page_size);
+        let batch = planner.batch(max_seq, rows, inputs.query_len, page_size);
+        let num_kv_splits = planner.rule.splits(planner.kernels(), &batch);
+        let scheduled = planner.schedules_requests(requests);
+        let stage1 = planner.pick(&batch, num_kv_splits, scheduled);
         let (workspace, mut workspace_bytes) = decode_workspace(rows, h, num_kv_splits, l)?;
-        let schedule_workspace = if cfg.schedules_requests(requests) {
+        let schedule_workspace = if scheduled {
             let (views, bytes) = scheduled_workspace(rows, h, l, cfg.sm_count)?;
             workspace_bytes = workspace_bytes.max(bytes);
             Some(views)
@@ -362,6 +511,7 @@ impl DecodePlan {
             workspace,
             schedule_workspace,
             workspace_bytes,
+            stage1,
         })
     }
 }
@@ -696,23 +846,34 @@ mod tests {
         );
     }
 
+    /// A Hopper-like device (132 SMs, 227 KB of shared memory a block).
+    fn h200() -> DeviceInfo {
+        DeviceInfo::Cuda {
+            name: "Test GPU".into(),
+            capability: crate::error::Capability { major: 9, minor: 0 },
+            sm_count: 132,
+            smem_per_block: 232_448,
+        }
+    }
+
+    fn planner(cfg: &crate::config::MlaConfig, device: &DeviceInfo) -> Planner {
+        Planner::new(cfg.validate(device).unwrap(), device).unwrap()
+    }
+
     #[test]
     fn a_batch_of_one_request_keeps_the_split_grid_on_a_scheduling_decoder() {
-        use crate::config::{DeviceInfo, MlaConfig};
-        use crate::error::Capability;
+        use crate::config::MlaConfig;
         use crate::synth::{Outputs, Problem, ProblemSpec};
-        let gpu = DeviceInfo::Cuda {
-            name: "Test GPU".into(),
-            capability: Capability { major: 9, minor: 0 },
-            sm_count: 132,
-        };
-        let mut cfg = MlaConfig::new(16, 0.1).validate(&gpu).unwrap();
-        cfg.schedule = true; // what a CUDA backend that schedules sets
-        for (lens, query_len, scheduled) in [
-            (vec![5000], 1, false),
-            (vec![5000], 2, false),
-            (vec![5000, 3], 1, true),
-            (vec![64, 64], 2, true),
+        let mut cfg = MlaConfig::new(16, 0.1);
+        cfg.device_schedule = true;
+        let planner = planner(&cfg, &h200());
+        assert!(planner.schedules());
+        for (lens, query_len, scheduled, runs_scheduled) in [
+            (vec![5000], 1, false, false),
+            (vec![5000], 2, false, false),
+            (vec![5000, 3], 1, true, true),
+            // Packed tokens keep the split grid, though the workspace has the views.
+            (vec![64, 64], 2, true, false),
         ] {
             let mut spec = ProblemSpec::new(16, lens.clone());
             spec.query_len = query_len;
@@ -720,13 +881,71 @@ mod tests {
             let inputs = problem.inputs().unwrap();
             let mut out = Outputs::poisoned(&problem);
             let outputs = out.views().unwrap();
-            let plan = DecodePlan::new(&cfg, &inputs, &outputs, Location::Host, None).unwrap();
-            assert_eq!(
-                plan.schedule_workspace.is_some(),
-                scheduled,
-                "{lens:?} x {query_len} tokens"
-            );
+            let plan = DecodePlan::new(&planner, &inputs, &outputs, Location::Host, None).unwrap();
+            let what = format!("{lens:?} x {query_len} tokens");
+            assert_eq!(plan.schedule_workspace.is_some(), scheduled, "{what}");
+            assert_eq!(plan.scheduled(), runs_scheduled, "{what}");
         }
+    }
+
+    #[test]
+    fn the_planner_picks_the_rule_and_only_the_fill_rule_schedules() {
+        use crate::config::MlaConfig;
+        let cpu = DeviceInfo::Cpu { threads: 2 };
+        let schedule = |mut c: MlaConfig, device: &DeviceInfo| {
+            c.num_heads = 128;
+            assert!(!planner(&c, device).schedules(), "off unless asked");
+            c.device_schedule = true;
+            let p = planner(&c, device);
+            assert!(
+                !p.schedules_requests(1),
+                "one request has nothing to balance"
+            );
+            assert_eq!(p.schedules_requests(2), p.schedules());
+            p.schedules()
+        };
+        assert!(schedule(MlaConfig::new(16, 0.1), &h200()));
+        let mut fixed = MlaConfig::new(16, 0.1);
+        fixed.num_kv_splits = Some(4);
+        assert!(
+            !schedule(fixed, &h200()),
+            "a fixed split count is the user's"
+        );
+        let mut invariant = MlaConfig::new(16, 0.1);
+        invariant.batch_invariant = true;
+        assert!(
+            !schedule(invariant, &h200()),
+            "batch-invariant mode keeps one split"
+        );
+        assert!(
+            !schedule(MlaConfig::new(16, 0.1), &cpu),
+            "the CPU keeps vLLM's rule"
+        );
+        // The rules: a fixed count everywhere, one split in batch-invariant mode, vLLM's on
+        // the CPU, the fill rule on a GPU.
+        for device in [cpu.clone(), h200()] {
+            let mut c = MlaConfig::new(16, 0.1);
+            c.num_kv_splits = Some(7);
+            let p = planner(&c, &device);
+            assert_eq!(p.rule(), SplitRule::Fixed { splits: 7 });
+            assert_eq!(p.splits(100_000, 3, 1, 64), 7);
+        }
+        let mut c = MlaConfig::new(16, 0.1);
+        c.num_kv_splits = Some(1);
+        c.batch_invariant = true;
+        assert_eq!(planner(&c, &cpu).rule(), SplitRule::Single);
+        assert_eq!(
+            planner(&MlaConfig::new(16, 0.1), &cpu).rule(),
+            SplitRule::Vllm { sm_count: 2 }
+        );
+        assert_eq!(
+            planner(&MlaConfig::new(16, 0.1), &h200()).rule(),
+            SplitRule::Fill {
+                sm_count: 132,
+                kv_lora_rank: 512
+            }
+        );
+        assert!(planner(&MlaConfig::new(16, 0.1), &cpu).kernels().is_none());
     }
 
     #[test]

@@ -22,16 +22,17 @@
 use std::ops::Range;
 
 use super::extents::{Mask, key_range};
+use crate::config::ScheduleCosts;
 
 /// Keys of a block: the schedule's unit of work (the kernels' tile).
 pub const BLOCK: usize = 64;
 
-/// The default cost of a segment beyond its blocks, in blocks.
-pub const SEGMENT_COST: usize = 2;
+/// The shipped cost of a segment beyond its blocks, in blocks ([`ScheduleCosts`]).
+pub const SEGMENT_COST: usize = ScheduleCosts::SHIPPED.segment;
 
-/// The default fewest blocks a CTA's stretch holds beyond one segment cost (a batch of one
-/// short request is not cut into pieces of one block).
-pub const MIN_BLOCKS: usize = 3;
+/// The shipped fewest blocks a CTA's stretch holds beyond one segment cost
+/// ([`ScheduleCosts`]).
+pub const MIN_BLOCKS: usize = ScheduleCosts::SHIPPED.min_blocks;
 
 /// How much longer than the even share a stretch may be to line up with the jobs (1 /
 /// ALIGN_SLACK of it): see [`aligned_share`].

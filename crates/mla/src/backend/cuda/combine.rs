@@ -10,8 +10,8 @@
 //! head taking the slices in turn keeps the CTA count (and the per-CTA work of finding the
 //! row's largest LSE) down.
 
-/// Warps of a combine CTA (its `WARPS`; `Variant::threads` reports 32 x this).
-pub(crate) const WARPS: usize = 8;
+// Warps of a combine CTA (its `WARPS`; `Variant::threads` reports 32 x this).
+use crate::kernels::variant::COMBINE_WARPS as WARPS;
 /// Splits a warp reads at once (the kernel's `BATCH`).
 const BATCH: usize = 16;
 /// Columns a CTA's head takes (the kernel's `SLICE`).

@@ -4,9 +4,10 @@
 
 use std::time::Instant;
 
-use super::registry::{Family, HEADERS, Variant};
 use super::{cache, ffi};
 use crate::error::Result;
+use crate::kernels::family::HEADERS;
+use crate::kernels::variant::Variant;
 
 /// What a cubin is compiled for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,7 +52,7 @@ impl Target {
 
 /// Registers, stack and spills of a compiled kernel, from ptxas' report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Usage {
+pub struct KernelUsage {
     /// Registers per thread.
     pub registers: u32,
     /// Stack frame bytes.
@@ -67,7 +68,7 @@ pub struct Usage {
     pub serialized_wgmma: bool,
 }
 
-impl Usage {
+impl KernelUsage {
     /// Whether any register spilled to local memory.
     pub fn spills(&self) -> bool {
         self.spill_stores > 0 || self.spill_loads > 0
@@ -83,12 +84,12 @@ impl Usage {
 /// loads" and the wgmma serialization warning (C7520) from an NVRTC log. A module of several
 /// entries reports each: the result is the most registers and stack of any entry and the
 /// spills of all of them.
-pub fn usage(log: &str) -> Option<Usage> {
+pub(crate) fn usage(log: &str) -> Option<KernelUsage> {
     let number_before = |line: &str, word: &str| -> Option<u32> {
         let at = line.find(word)?;
         line[..at].split_whitespace().last()?.parse().ok()
     };
-    let mut u = Usage::default();
+    let mut u = KernelUsage::default();
     let mut seen = false;
     for line in log.lines() {
         if let Some(r) = number_before(line, "registers") {
@@ -108,21 +109,63 @@ pub fn usage(log: &str) -> Option<Usage> {
 
 /// A built variant.
 #[derive(Debug, Clone)]
-pub struct Built {
+pub(crate) struct Built {
     /// The variant.
     pub variant: Variant,
-    /// Its module (the cubin is empty in [`super::CudaBackend::builds`]: loading takes the
-    /// bytes).
+    /// Its module (the cubin is emptied once loaded: the module takes the bytes).
     pub module: Module,
+}
+
+/// What building one kernel module gave: its name, options and ptxas' report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelBuild {
+    /// The architecture (`sm_90a`, ...).
+    pub arch: String,
+    /// The entry point (or family, for a module of several).
+    pub kernel: String,
+    /// The `-D` options that specialize it.
+    pub defines: String,
+    /// ptxas' report (None when the cubin came from the disk cache).
+    pub usage: Option<KernelUsage>,
+    /// Whether the disk cache had it.
+    pub from_disk: bool,
+    /// Time spent (compile or read), in milliseconds.
+    pub millis: f64,
+}
+
+impl KernelBuild {
+    pub(crate) fn new(arch: &str, kernel: String, defines: String, module: &Module) -> Self {
+        KernelBuild {
+            arch: arch.to_string(),
+            kernel,
+            defines,
+            usage: module.usage,
+            from_disk: module.from_disk,
+            millis: module.millis,
+        }
+    }
+}
+
+impl From<&Built> for KernelBuild {
+    fn from(b: &Built) -> Self {
+        KernelBuild::new(
+            &b.module.arch,
+            b.variant.family.entry().to_string(),
+            b.variant.defines().join(" "),
+            &b.module,
+        )
+    }
 }
 
 /// A compiled (or cached) module, before anyone names what it is.
 #[derive(Debug, Clone)]
-pub struct Module {
+pub(crate) struct Module {
+    /// The architecture it was built for.
+    pub arch: String,
     /// The cubin.
     pub cubin: Vec<u8>,
     /// ptxas' report (None when the cubin came from the disk cache).
-    pub usage: Option<Usage>,
+    pub usage: Option<KernelUsage>,
     /// Whether the disk cache had it.
     pub from_disk: bool,
     /// Time spent (compile or read), in milliseconds.
@@ -130,7 +173,7 @@ pub struct Module {
 }
 
 /// The options every module is compiled with: the target, C++17, ptxas' resource report.
-pub fn base_options(target: &Target) -> Vec<String> {
+pub(crate) fn base_options(target: &Target) -> Vec<String> {
     vec![
         format!("--gpu-architecture={}", target.arch),
         "--std=c++17".into(),
@@ -144,7 +187,7 @@ pub fn base_options(target: &Target) -> Vec<String> {
 ///
 /// # Errors
 /// [`crate::Error::Compile`] with NVRTC's log.
-pub fn build_module(
+pub(crate) fn build_module(
     label: &str,
     file: &str,
     source: &str,
@@ -161,6 +204,7 @@ pub fn build_module(
     let millis = |start: Instant| start.elapsed().as_secs_f64() * 1e3;
     if use_cache && let Some(cubin) = dir.as_deref().and_then(|d| cache::load(d, &name)) {
         return Ok(Module {
+            arch: target.arch.clone(),
             cubin,
             usage: None,
             from_disk: true,
@@ -172,6 +216,7 @@ pub fn build_module(
         cache::store(d, &name, &compiled.cubin);
     }
     Ok(Module {
+        arch: target.arch.clone(),
         cubin: compiled.cubin,
         usage: usage(&compiled.log),
         from_disk: false,
@@ -179,43 +224,23 @@ pub fn build_module(
     })
 }
 
-/// The NVRTC options of a variant, with the kernel-development defines of
-/// `MLA_EXTRA_DEFINES` (see [`extra_defines`]).
-pub fn options(variant: &Variant, target: &Target) -> Vec<String> {
-    let extra = std::env::var("MLA_EXTRA_DEFINES").unwrap_or_default();
-    options_with(variant, target, &extra)
-}
-
-/// The NVRTC options of a variant plus `extra` defines: `-DMLA_EXP_STAMPS` for every kernel
-/// of a decode (the stamps time a whole decode, common/ptx.cuh), the combine's own switches
-/// (`-DMLA_EXP_COMBINE...`) for the combine only, and the rest for the stage-1 kernels only (so
-/// that timing one kernel's switch does not recompile the other's).
-pub fn options_with(variant: &Variant, target: &Target, extra: &str) -> Vec<String> {
+/// The NVRTC options of a variant: the base options and its defines, and with the cargo
+/// feature `kernel-dev` the defines of `MLA_EXTRA_DEFINES` (kernel development: trying a
+/// define on the GPU machine without a rebuild; a shipped build never reads it).
+pub(crate) fn options(variant: &Variant, target: &Target) -> Vec<String> {
     let mut o = base_options(target);
     o.extend(variant.defines());
-    let combine_own = |d: &String| d.starts_with(COMBINE_SWITCHES);
-    if variant.family.is_decode() {
-        o.extend(extra_defines(extra).into_iter().filter(|d| !combine_own(d)));
-    } else if variant.family == Family::Combine {
-        o.extend(
-            extra_defines(extra)
-                .into_iter()
-                .filter(|d| d == STAMPS || combine_own(d)),
-        );
-    }
+    #[cfg(feature = "kernel-dev")]
+    o.extend(extra_defines(
+        &std::env::var("MLA_EXTRA_DEFINES").unwrap_or_default(),
+    ));
     o
 }
 
-/// The kernel-development define that makes a decode's kernels stamp their phases.
-const STAMPS: &str = "-DMLA_EXP_STAMPS";
-
-/// The prefix of the combine's own kernel-development switches (kernels/combine/kernel.cu).
-const COMBINE_SWITCHES: &str = "-DMLA_EXP_COMBINE";
-
-/// The `-DNAME` or `-DNAME=VALUE` words of `text`; anything else is ignored. For kernel
-/// development only: timing a stage-1 kernel with a part switched off (the switches are
-/// listed in each kernel's NOTES.md). The defines are part of the cache key.
-pub fn extra_defines(text: &str) -> Vec<String> {
+/// The `-DNAME` or `-DNAME=VALUE` words of `text`; anything else is ignored. The defines are
+/// part of the cache key.
+#[cfg_attr(not(any(test, feature = "kernel-dev")), allow(dead_code))]
+fn extra_defines(text: &str) -> Vec<String> {
     text.split_whitespace()
         .filter(|w| {
             w.strip_prefix("-D").is_some_and(|name| {
@@ -234,7 +259,7 @@ pub fn extra_defines(text: &str) -> Vec<String> {
 ///
 /// # Errors
 /// [`crate::Error::Compile`] with NVRTC's log.
-pub fn build(variant: &Variant, target: &Target, use_cache: bool) -> Result<Built> {
+pub(crate) fn build(variant: &Variant, target: &Target, use_cache: bool) -> Result<Built> {
     let family = variant.family;
     let opts = options(variant, target);
     let module = build_module(
@@ -270,7 +295,7 @@ mod tests {
         let u = usage(log).unwrap();
         assert_eq!(
             u,
-            Usage {
+            KernelUsage {
                 registers: 255,
                 stack: 16,
                 spill_stores: 8,
@@ -283,40 +308,11 @@ mod tests {
     }
 
     #[test]
-    fn extra_defines_reach_the_kernels_they_switch() {
-        use crate::dtype::{KvFormat, ModelDtype};
+    fn extra_defines_keep_only_defines() {
         assert_eq!(
-            extra_defines("-DMLA_EXP_NO_S  -DX=1 --use_fast_math -D -Dbad;rm"),
-            vec!["-DMLA_EXP_NO_S", "-DX=1"]
+            extra_defines("-DNO_S  -DX=1 --use_fast_math -D -Dbad;rm"),
+            vec!["-DNO_S", "-DX=1"]
         );
-        let target = Target {
-            arch: "sm_90a".into(),
-            nvrtc: (13, 0),
-        };
-        let shape = super::super::registry::KernelShape::deepseek(ModelDtype::Bf16, KvFormat::Bf16);
-        let decode = super::super::registry::wgmma_variant(shape, 232_448).unwrap();
-        let combine = super::super::registry::combine_variant(512, ModelDtype::Bf16);
-        let with = options_with(&decode, &target, "-DMLA_EXP_NO_PV");
-        assert!(with.contains(&"-DMLA_EXP_NO_PV".to_string()));
-        assert_eq!(
-            options_with(&decode, &target, "").len() + 1,
-            with.len(),
-            "one define more"
-        );
-        assert!(
-            !options_with(&combine, &target, "-DMLA_EXP_NO_PV")
-                .contains(&"-DMLA_EXP_NO_PV".to_string())
-        );
-        let stamped = options_with(&combine, &target, "-DMLA_EXP_NO_PV -DMLA_EXP_STAMPS");
-        assert!(stamped.contains(&STAMPS.to_string()));
-        assert!(!stamped.contains(&"-DMLA_EXP_NO_PV".to_string()));
-        let own = "-DMLA_EXP_COMBINE=2 -DMLA_EXP_COMBINE_REPS=3";
-        let combine_opts = options_with(&combine, &target, own);
-        let decode_opts = options_with(&decode, &target, own);
-        for d in own.split_whitespace() {
-            assert!(combine_opts.contains(&d.to_string()), "{d}");
-            assert!(!decode_opts.contains(&d.to_string()), "{d}");
-        }
     }
 
     #[test]
@@ -327,7 +323,7 @@ mod tests {
         let u = usage(log).unwrap();
         assert_eq!(
             u,
-            Usage {
+            KernelUsage {
                 registers: 128,
                 stack: 16,
                 spill_stores: 8,

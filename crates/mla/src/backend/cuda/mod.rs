@@ -1,22 +1,23 @@
 //! The CUDA backend: a device, a stream, the loaded kernels, the workspace and the
 //! device-side error flag. It executes plans; the kernels live in `kernels/`.
 //!
-//! - [`registry`]: the kernel sources and the variants a decode can pick.
-//! - [`compile`]: NVRTC options, the disk cache, ptxas' resource report.
-//! - [`cache`]: the on-disk cubin cache.
+//! - `compile`: NVRTC options, ptxas' resource report, the build of a variant.
+//! - `cache`: the on-disk cubin cache.
 //! - `params`: the `#[repr(C)]` kernel argument.
+//! - `combine`, `schedule`, `tma`: the combine's launch shape, the scheduled decode, the
+//!   cache's tensor maps.
 //! - `ffi`: every unsafe call.
 //!
-//! The decode path (`forward`) only looks kernels up, fills the parameters and launches: no
-//! allocation (once the workspace is reserved), no compilation (once warmed up), no host
-//! synchronization, so it can be captured in a CUDA graph.
+//! Which kernel runs a decode is the plan's decision (`plan::kernel`); this backend compiles,
+//! loads and launches it. The decode path (`forward`) only looks kernels up, fills the
+//! parameters and launches: no allocation (once the workspace is reserved), no compilation
+//! (once warmed up), no host synchronization, so it can be captured in a CUDA graph.
 
-pub mod cache;
+pub(crate) mod cache;
 mod combine;
-pub mod compile;
+pub(crate) mod compile;
 pub(crate) mod ffi;
 mod params;
-pub mod registry;
 mod schedule;
 mod tma;
 
@@ -30,21 +31,25 @@ use cudarc::nvrtc::Ptx;
 use self::combine::CombineShape;
 use self::compile::{Built, Target};
 use self::params::{DecodeParams, Pointers, TmaParams};
-use self::registry::{Family, Variant};
 use crate::args::{DecodeInputs, DecodeOutputs, Query};
-use crate::config::{DeviceInfo, ValidConfig};
+use crate::config::{DeviceInfo, ScheduleCosts, ValidConfig};
 use crate::error::{Capability, Error, Result};
-use crate::plan::{DecodePlan, SplitRule};
+use crate::kernels::family::Family;
+use crate::kernels::select::{all_variants, combine_variant};
+use crate::kernels::variant::{Grid, Variant};
+use crate::plan::DecodePlan;
 
-/// The two kernels a configuration decodes with, chosen once by [`CudaBackend::configure`].
-#[derive(Debug, Clone, Copy)]
-struct ConfigKernels {
-    stage1: registry::Stage1,
-    combine: Variant,
-    /// Whether the kernels after a decode's first are programmatic dependent launches (sm_90a;
-    /// `MLA_EXP_NO_PDL=1` turns it off, for comparisons): the combine, and on the schedule
-    /// the stage-1 kernel after the scheduler.
+pub use self::compile::KernelBuild;
+
+/// How a configuration's decodes are launched (its [`crate::config::Tuning`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Launch {
+    /// Whether the kernels after a decode's first are programmatic dependent launches (Hopper,
+    /// unless the configuration turns it off): the combine, and on the schedule the stage-1
+    /// kernel after the scheduler.
     pdl: bool,
+    /// The device schedule's costs.
+    schedule_costs: ScheduleCosts,
 }
 
 /// The CUDA backend of one device.
@@ -60,12 +65,9 @@ pub struct CudaBackend {
     smem_limit: usize,
     /// SMs of the device (the combine's launch shape).
     sm_count: usize,
-    /// Whether single-token decodes take the device-computed schedule (chosen by
-    /// `configure`; docs/scheduler.md).
-    schedule: bool,
     kernels: HashMap<Variant, CudaFunction>,
-    /// What `configure` chose for the decoder's configuration.
-    chosen: Option<ConfigKernels>,
+    /// How decodes are launched (set by `configure`).
+    launch: Launch,
     /// Variants built (compiled or read from disk) and loaded by this backend.
     builds: Vec<Built>,
     workspace: Option<CudaSlice<u8>>,
@@ -74,8 +76,6 @@ pub struct CudaBackend {
     kv_maps: tma::MapCache,
     /// Decodes launched on the device-computed schedule (what the tests check it ran).
     scheduled_decodes: u64,
-    /// The schedule's segment cost and fewest blocks ([`registry::schedule_costs_from_env`]).
-    schedule_costs: (usize, usize),
 }
 
 impl CudaBackend {
@@ -116,6 +116,7 @@ impl CudaBackend {
             name,
             capability,
             sm_count,
+            smem_per_block: smem_limit,
         };
         let backend = CudaBackend {
             ctx,
@@ -125,15 +126,16 @@ impl CudaBackend {
             target,
             smem_limit,
             sm_count,
-            schedule: false,
             kernels: HashMap::new(),
-            chosen: None,
+            launch: Launch {
+                pdl: false,
+                schedule_costs: ScheduleCosts::SHIPPED,
+            },
             builds: Vec::new(),
             workspace: None,
             error_flag,
             kv_maps: tma::MapCache::default(),
             scheduled_decodes: 0,
-            schedule_costs: registry::schedule_costs_from_env(),
         };
         Ok((backend, info))
     }
@@ -173,24 +175,33 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The architecture kernels are compiled for.
-    pub fn target(&self) -> &Target {
+    /// The architecture kernels are compiled for (`sm_80`, `sm_89`, `sm_90a`, ...).
+    pub fn arch(&self) -> &str {
+        &self.target.arch
+    }
+
+    /// The compile target.
+    pub(crate) fn target(&self) -> &Target {
         &self.target
     }
 
-    /// The device's SMs (what the split rule fills and `registry::Stage1::launch_for` checks).
+    /// Whether the device runs Hopper's kernels (sm_90a: wgmma, TMA).
+    pub fn hopper(&self) -> bool {
+        self.target.wgmma()
+    }
+
+    /// The device's SMs.
     pub fn sm_count(&self) -> usize {
         self.sm_count
     }
 
-    /// Every variant this backend built and loaded so far.
-    pub fn builds(&self) -> &[Built] {
-        &self.builds
+    /// Every kernel this backend built and loaded so far.
+    pub fn builds(&self) -> Vec<KernelBuild> {
+        self.builds.iter().map(KernelBuild::from).collect()
     }
 
     /// Checks the shapes the kernels support (L a multiple of 128 up to 512, R a multiple of
-    /// 16, a variant whose shared memory fits the device) and chooses, once, the kernels every
-    /// decode of this configuration launches.
+    /// 16, the head count the grids take) and takes the configuration's launch settings.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the field.
@@ -222,52 +233,11 @@ impl CudaBackend {
                 ),
             ));
         }
-        let shape = registry::KernelShape {
-            kv_lora_rank: l,
-            rope_dim: cfg.rope_dim,
-            model: cfg.model_dtype,
-            kv: cfg.kv_format,
-            fp8_query: cfg.fp8_query,
+        self.launch = Launch {
+            pdl: self.target.wgmma() && cfg.tuning.pdl,
+            schedule_costs: cfg.tuning.schedule_costs,
         };
-        let mut stage1 = registry::Stage1::choose(
-            cfg.q_heads,
-            shape,
-            self.smem_limit,
-            self.target.wgmma(),
-            registry::KernelChoice::from_env(),
-        )
-        .ok_or_else(|| {
-            Error::config(
-                "qk_rope_head_dim",
-                format!(
-                    "L + R = {} needs more shared memory than the device's {} bytes per block",
-                    l + cfg.rope_dim,
-                    self.smem_limit
-                ),
-            )
-        })?;
-        // Asked for (the configuration, or the environment over it), where the configuration
-        // allows it (ValidConfig::schedules_if), by a kernel that can. The scheduled decodes
-        // are those of the kernel `Stage1::launch` picks (the decoder's own or the seesaw
-        // kernel, which have scheduled variants); the wgmma kernel's fp8 twin has none, so a
-        // scheduling decoder does without it.
-        let asked = registry::schedule_from_env().unwrap_or(cfg.schedule);
-        self.schedule = cfg.schedules_if(asked) && stage1.decode.schedulable();
-        if self.schedule {
-            stage1.fp8 = None;
-        }
-        self.chosen = Some(ConfigKernels {
-            stage1,
-            combine: registry::combine_variant(l, cfg.model_dtype),
-            pdl: self.target.wgmma() && std::env::var_os("MLA_EXP_NO_PDL").is_none(),
-        });
         Ok(())
-    }
-
-    /// Whether the configured decoder's single-token decodes take the device-computed
-    /// schedule (docs/scheduler.md) instead of the split grid.
-    pub(crate) fn schedules(&self) -> bool {
-        self.schedule
     }
 
     /// How many decodes this backend launched on the device-computed schedule.
@@ -275,68 +245,13 @@ impl CudaBackend {
         self.scheduled_decodes
     }
 
-    /// `rule` modelling the kernels `configure` chose for `heads` heads: the token-packing
-    /// ones (the wgmma kernel's packed variant, the narrow kernel) where this decoder has
-    /// them, the tile of the kernel of its other decodes, and the splits the seesaw kernel
-    /// takes.
-    pub(crate) fn split_rule(&self, rule: SplitRule, heads: usize) -> SplitRule {
-        match self.chosen {
-            Some(k) => rule
-                .with_kernels(
-                    k.stage1.packed.is_some(),
-                    k.stage1.narrow.is_some(),
-                    k.stage1.decode.tile_keys(),
-                    k.stage1.seesaw_keys(heads),
-                )
-                .with_narrow_singles(k.stage1.narrow_singles),
-            None => rule,
-        }
-    }
-
-    /// The stage-1 kernel a planned decode launches (None before the backend is configured).
-    pub fn decode_variant(&self, plan: &DecodePlan) -> Option<Variant> {
-        self.chosen
-            .map(|k| k.stage1.launch_for(plan, self.sm_count).0)
-    }
-
-    fn chosen(&self) -> Result<ConfigKernels> {
-        self.chosen.ok_or_else(|| {
-            Error::config(
-                "num_heads",
-                "the CUDA backend was not configured for a decoder",
-            )
-        })
-    }
-
-    /// Builds and loads every kernel the configured decoder can pick: its stage-1 variants
-    /// (on Hopper with few heads, also the wgmma kernel of multi-token decodes) and, when a
-    /// split count above one is possible, the combine.
+    /// Builds and loads `variants`, so that no decode compiles.
     ///
     /// # Errors
     /// [`Error::Compile`], [`Error::Driver`].
-    pub(crate) fn warmup(&mut self, max_splits: usize) -> Result<()> {
-        let k = self.chosen()?;
-        for v in k.stage1.variants() {
+    pub(crate) fn warmup(&mut self, variants: &[Variant]) -> Result<()> {
+        for &v in variants {
             self.kernel(v)?;
-        }
-        if max_splits > 1 {
-            self.kernel(k.combine)?;
-        }
-        if self.schedule {
-            self.kernel(registry::schedule_variant())?;
-            for v in [Some(k.stage1.decode), k.stage1.seesaw]
-                .into_iter()
-                .flatten()
-            {
-                self.kernel(Variant {
-                    scheduled: true,
-                    ..v
-                })?;
-            }
-            self.kernel(Variant {
-                scheduled: true,
-                ..k.combine
-            })?;
         }
         Ok(())
     }
@@ -346,11 +261,11 @@ impl CudaBackend {
     ///
     /// # Errors
     /// [`Error::Compile`], [`Error::Driver`].
-    pub fn precompile_all(&mut self) -> Result<&[Built]> {
-        for v in registry::all_variants(self.smem_limit, self.target.wgmma()) {
+    pub(crate) fn precompile_all(&mut self) -> Result<Vec<KernelBuild>> {
+        for v in all_variants(self.smem_limit, self.target.wgmma()) {
             self.kernel(v)?;
         }
-        Ok(&self.builds)
+        Ok(self.builds())
     }
 
     /// A loaded kernel, building it on first use.
@@ -365,6 +280,12 @@ impl CudaBackend {
     fn load(&mut self, v: Variant) -> Result<CudaFunction> {
         // The backend keeps the build's report, not its bytes: the module takes them.
         let mut built = compile::build(&v, &self.target, true)?;
+        tracing::debug!(
+            kernel = %v,
+            from_disk = built.module.from_disk,
+            ms = built.module.millis,
+            "kernel built"
+        );
         let m = &mut built.module;
         let (cubin, from_disk) = (std::mem::take(&mut m.cubin), m.from_disk);
         let module = load_module(&self.ctx, cubin, from_disk, "load a module", || {
@@ -480,7 +401,9 @@ impl CudaBackend {
         if plan.rows == 0 {
             return Ok(());
         }
-        let k = self.chosen()?;
+        let pick = plan
+            .stage1
+            .ok_or_else(|| Error::config("num_heads", "the plan was made for another backend"))?;
         // The kernels index with i32 and the grid's y dimension holds at most 65535 (heads
         // were bounded by `configure`).
         let fits_i32 = [
@@ -494,7 +417,8 @@ impl CudaBackend {
         if !fits_i32 {
             return Err(too_big(plan));
         }
-        let (decode, tokens) = k.stage1.launch_for(plan, self.sm_count);
+        let (decode, tokens) = (pick.variant, pick.tokens);
+        let combine = combine_variant(plan.kv_lora_rank, plan.model_dtype);
         let params = DecodeParams::new(plan, &ptr, tokens);
         // The cache's tensor map, for the kernels that copy the keys by TMA (either grid).
         let kv_map = if decode.takes_tensor_map() {
@@ -505,12 +429,12 @@ impl CudaBackend {
         } else {
             None
         };
-        // The plan has scheduled views only where this backend schedules (`schedules`).
-        if let Some(views) = plan.schedule_workspace
-            && tokens == 1
-            && decode.schedulable()
-        {
-            return self.forward_scheduled(plan, params, decode, &views, kv_map, k);
+        if decode.grid == Grid::Scheduled {
+            let views = plan.schedule_workspace.ok_or_else(|| Error::Overflow {
+                what: "workspace",
+                detail: "a scheduled decode planned without its views".into(),
+            })?;
+            return self.forward_scheduled(plan, params, decode, combine, &views, kv_map);
         }
         // A CTA takes `tokens` query tokens of one request and, of each, a block of heads.
         let ctas = plan.requests
@@ -531,7 +455,7 @@ impl CudaBackend {
             None => ffi::launch(&self.stream, &f, grid, block, smem as u32, &params)?,
         }
         if plan.num_kv_splits > 1 {
-            let f = self.kernel(k.combine)?.clone();
+            let f = self.kernel(combine)?.clone();
             let shape = CombineShape::new(
                 plan.rows,
                 plan.heads,
@@ -546,7 +470,7 @@ impl CudaBackend {
                 shape.block,
                 shape.smem,
                 &params,
-                k.pdl,
+                self.launch.pdl,
             )?;
         }
         Ok(())

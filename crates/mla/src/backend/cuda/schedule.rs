@@ -6,9 +6,10 @@
 
 use super::combine::CombineShape;
 use super::params::{DecodeParams, ScheduleParams, TensorMap, TmaScheduleParams};
-use super::registry::Variant;
-use super::{ConfigKernels, CudaBackend, address, ffi, registry};
+use super::{CudaBackend, address, ffi};
 use crate::error::{Error, Result};
+use crate::kernels::select::schedule_variant;
+use crate::kernels::variant::Variant;
 use crate::plan::schedule::{Cursor, Jobs, Schedule, ScheduledGrid};
 use crate::plan::{DecodePlan, Mask, ScheduledViews};
 
@@ -21,26 +22,24 @@ fn int(v: usize, what: &'static str) -> Result<i32> {
 }
 
 impl CudaBackend {
-    /// Launches a single-token decode on the device-computed schedule: the scheduler kernel
-    /// (from the device's lengths; its jobs are the rows), the scheduled stage-1 variant of
-    /// `decode` (persistent: a CTA per stretch of the cost line and head block, walking its
-    /// pieces) and the scheduled variant of the decoder's combine, which merges the rows cut
-    /// in pieces.
+    /// Launches a decode on the device-computed schedule: the scheduler kernel (from the
+    /// device's lengths; its jobs are the rows), `decode` (the plan's scheduled stage-1
+    /// variant: persistent, a CTA per stretch of the cost line and head block, walking its
+    /// pieces) and the scheduled twin of `combine`, which merges the rows cut in pieces.
     /// `views`: the plan's scheduled workspace (partials, LSEs, the schedule's integers, and
     /// the SM count they were sized for). `kv_map`: the cache's tensor map, for a `decode`
-    /// that copies the keys by TMA (the seesaw kernel). `kernels`: the decoder's (its
-    /// combine; with its `pdl`, the decode and the combine are programmatic dependent launches,
-    /// each waiting for the kernel before it).
+    /// that copies the keys by TMA (the seesaw kernel). With PDL, the decode and the combine
+    /// are programmatic dependent launches, each waiting for the kernel before it.
     pub(super) fn forward_scheduled(
         &mut self,
         plan: &DecodePlan,
         params: DecodeParams,
         decode: Variant,
+        combine: Variant,
         views: &ScheduledViews,
         kv_map: Option<TensorMap>,
-        kernels: ConfigKernels,
     ) -> Result<()> {
-        let ConfigKernels { combine, pdl, .. } = kernels;
+        let pdl = self.launch.pdl;
         let g = ScheduledGrid::new(
             plan.rows,
             plan.heads,
@@ -55,7 +54,8 @@ impl CudaBackend {
                 detail: format!("a schedule of {jobs} jobs on {ctas} CTAs"),
             });
         }
-        let (segment_cost, min_blocks) = self.schedule_costs;
+        let costs = self.launch.schedule_costs;
+        let (segment_cost, min_blocks) = (costs.segment, costs.min_blocks);
         let cta_count = int(ctas, "CTAs")?;
         let ws = self.workspace_ptr();
         let [line, begin, first_cta, splits, first_slot, share] = g
@@ -89,13 +89,10 @@ impl CudaBackend {
             })?;
         let grid = (cta_count as u32, blocks, 1);
         let st = self.stream.clone();
-        let v = registry::schedule_variant();
+        let v = schedule_variant();
         let f = self.kernel(v)?.clone();
         ffi::launch(&st, &f, (1, 1), (v.threads(), 1), 0, &sp)?;
-        let v = Variant {
-            scheduled: true,
-            ..decode
-        };
+        let v = decode;
         let f = self.kernel(v)?.clone();
         let (block, smem) = ((v.threads(), 1), v.smem_bytes() as u32);
         match kv_map {
@@ -105,11 +102,7 @@ impl CudaBackend {
             }
             None => ffi::launch_with(&st, &f, grid, block, smem, &sp, pdl)?,
         }
-        let v = Variant {
-            scheduled: true,
-            ..combine
-        };
-        let f = self.kernel(v)?.clone();
+        let f = self.kernel(combine.scheduled())?.clone();
         let shape = CombineShape::new(
             plan.rows,
             plan.heads,
@@ -169,7 +162,7 @@ impl CudaBackend {
             first_slot: address(&first_slot, &st),
             share: address(&share, &st),
         };
-        let v = registry::schedule_variant();
+        let v = schedule_variant();
         let f = self.kernel(v)?.clone();
         ffi::launch(&st, &f, (1, 1), (v.threads(), 1), 0, &params)?;
         let read = |s| st.clone_dtoh(s).map_err(driver("read the schedule"));
