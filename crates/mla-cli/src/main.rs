@@ -4,6 +4,8 @@
 //!   reference, print a table (or JSON for scripts such as the side-by-side anchors benchmark).
 //! - `mla info`: the backends found, the device, and the split counts it would use.
 //! - `mla precompile`: build the GPU kernels ahead of time (and check them for spills).
+//!
+//! `MLA_LOG=mla=debug` prints the library's debug events on stderr.
 
 mod bench;
 #[cfg(feature = "nccl")]
@@ -59,7 +61,24 @@ impl BackendArg {
     }
 }
 
+/// The environment variable holding the log filter (tracing's `EnvFilter` syntax).
+const LOG_ENV: &str = "MLA_LOG";
+
+/// Sends the library's events to stderr where `MLA_LOG` asks for them (`MLA_LOG=mla=debug`:
+/// each decoder's kernels, each NVRTC build, each decode's kernel and split count); silent
+/// otherwise.
+fn init_logging() {
+    if std::env::var_os(LOG_ENV).is_some() {
+        let filter = tracing_subscriber::EnvFilter::from_env(LOG_ENV);
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    }
+}
+
 fn main() -> ExitCode {
+    init_logging();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(args) => bench::run(&args),

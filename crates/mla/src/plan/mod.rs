@@ -471,6 +471,16 @@ impl DecodePlan {
         let num_kv_splits = planner.rule.splits(planner.kernels(), &batch);
         let scheduled = planner.schedules_requests(requests);
         let stage1 = planner.pick(&batch, num_kv_splits, scheduled);
+        tracing::debug!(
+            rule = ?planner.rule,
+            rows,
+            max_span = batch.max_span,
+            splits = num_kv_splits,
+            kernel = ?stage1.map(|p| p.family()),
+            tokens_per_cta = stage1.map_or(1, |p| p.tokens),
+            scheduled,
+            "decode planned"
+        );
         let (workspace, mut workspace_bytes) = decode_workspace(rows, h, num_kv_splits, l)?;
         let schedule_workspace = if scheduled {
             let (views, bytes) = scheduled_workspace(rows, h, l, cfg.sm_count)?;
