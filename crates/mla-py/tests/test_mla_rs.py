@@ -1,7 +1,8 @@
-"""mla_rs against a torch float64 reference, on the GPU; its import and argument errors anywhere.
+"""mla_rs against a torch float64 reference, on CPU tensors (the CPU backend) and on the GPU;
+its import and argument errors anywhere.
 
-GPU tests skip (with the reason) where torch or a CUDA device is missing. Outputs are poisoned
-with NaN before every run, and every case draws fresh random inputs.
+Tests that need torch skip without it; GPU tests skip (with the reason) where a CUDA device is
+missing. Outputs are poisoned with NaN before every run, and every case draws fresh random inputs.
 """
 
 import math
@@ -17,6 +18,9 @@ except ImportError:  # the import and error tests still run
 
 HAS_GPU = torch is not None and torch.cuda.is_available()
 needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs torch with a CUDA device")
+needs_torch = pytest.mark.skipif(torch is None, reason="needs torch")
+# The reference tests run on CPU tensors everywhere and on CUDA tensors where there is a GPU.
+DEVICES = ["cpu", "cuda"] if HAS_GPU else ["cpu"]
 
 D, L, R = 576, 512, 64
 SCALE = 192**-0.5
@@ -65,20 +69,48 @@ def test_the_drop_in_compares_scales_without_reading_them_when_it_can():
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the message on machines without a GPU")
 def test_a_gpu_call_without_a_gpu_says_so():
+    # With torch installed and no driver, mla's message, not torch's.
     with pytest.raises(RuntimeError, match="no usable CUDA device"):
         mla_rs.MlaDecode(16, SCALE).reserve_workspace(4, 1024)
+    with pytest.raises(RuntimeError, match="no usable CUDA device"):
+        mla_rs.MlaDecode(16, SCALE, device="cuda").reserve_workspace(4, 1024)
+
+
+@pytest.mark.parametrize(
+    "make,name",
+    [
+        (lambda: mla_rs.MlaDecode(-16, SCALE), "num_heads"),
+        (lambda: mla_rs.MlaDecode(16, SCALE, sliding_window=-1), "sliding_window"),
+        (lambda: mla_rs.MlaDecode(16, SCALE, kv_lora_rank=-512), "kv_lora_rank"),
+        (lambda: mla_rs.MlaDecode(16, SCALE, dcp_world_size=-2), "dcp_world_size"),
+        (lambda: mla_rs.MlaDecode(16, SCALE, device="cpu").reserve_workspace(-4, 1024), "max_rows"),
+        (lambda: mla_rs.MlaDecode(16, SCALE, device="cpu").reserve_workspace(4, -1024), "max_model_len"),
+        (lambda: mla_rs.MlaDecode(16, SCALE, device="tpu"), "device"),
+    ],
+)
+def test_negative_counts_are_value_errors_that_name_the_argument(make, name):
+    with pytest.raises(ValueError, match=f"^{name}: "):
+        make()
+
+
+def test_a_cpu_decoder_reserves_without_a_gpu():
+    dec = mla_rs.MlaDecode(16, SCALE, device="cpu")
+    dec.reserve_workspace(4, 8192)
+    assert dec.reserved_model_len == 8192
+    assert dec.workspace_bytes > 0
+    assert "device=the host" in repr(dec)
 
 
 # ---------------------------------------------------------------- cases and the reference
 
 
-def make_case(batch, heads, lens, page, kv="bf16", q_dtype=None, query_len=1, seed=0, k_scale=0.5):
+def make_case(batch, heads, lens, page, kv="bf16", q_dtype=None, query_len=1, seed=0, k_scale=0.5, device="cuda"):
     """Random q ~ N(0, 1), cache ~ N(0, 0.5^2) (fp8 stores value / k_scale), pages in random order."""
     q_dtype = q_dtype or torch.bfloat16
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)
     blocks_per_req = max(1, -(-max(lens + [1]) // page))
     nblocks = batch * blocks_per_req + 3
-    values = torch.randn(nblocks, page, D, generator=g, device="cuda") * 0.5
+    values = torch.randn(nblocks, page, D, generator=g, device=device) * 0.5
     if kv in ("fp8", "fp8_u8", "fp8_e5m2"):
         f8 = torch.float8_e5m2 if kv == "fp8_e5m2" else torch.float8_e4m3fn
         store = (values / k_scale).to(f8)
@@ -90,13 +122,13 @@ def make_case(batch, heads, lens, page, kv="bf16", q_dtype=None, query_len=1, se
         deq = store.float()
         k_scale = 1.0
     deq = deq.to(q_dtype).float()  # what the products see: rounded to the query dtype
-    perm = torch.randperm(nblocks, generator=g, device="cuda")[: batch * blocks_per_req]
+    perm = torch.randperm(nblocks, generator=g, device=device)[: batch * blocks_per_req]
     return dict(
-        q=torch.randn(batch * query_len, heads, D, generator=g, device="cuda").to(q_dtype),
+        q=torch.randn(batch * query_len, heads, D, generator=g, device=device).to(q_dtype),
         kv=store,
         deq=deq,
         block_table=perm.to(torch.int32).view(batch, blocks_per_req).contiguous(),
-        seq_lens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
         page=page,
         query_len=query_len,
         k_scale=k_scale,
@@ -107,9 +139,9 @@ def reference(c, causal=True, window=None, deq=None):
     """float64 attention over the keys each row sees: (o [rows, H, L], lse [rows, H])."""
     deq = c["deq"] if deq is None else deq
     q, ql, page = c["q"].double(), c["query_len"], c["page"]
-    rows, heads = q.shape[0], q.shape[1]
-    o = torch.zeros(rows, heads, L, dtype=torch.float64, device="cuda")
-    lse = torch.full((rows, heads), -math.inf, dtype=torch.float64, device="cuda")
+    rows, heads, dev = q.shape[0], q.shape[1], q.device
+    o = torch.zeros(rows, heads, L, dtype=torch.float64, device=dev)
+    lse = torch.full((rows, heads), -math.inf, dtype=torch.float64, device=dev)
     lens = c["seq_lens"].tolist()
     for r in range(rows):
         i, t = divmod(r, ql)
@@ -117,7 +149,7 @@ def reference(c, causal=True, window=None, deq=None):
         start = max(0, end - window) if window else 0
         if end <= start:
             continue
-        pos = torch.arange(start, end, device="cuda")
+        pos = torch.arange(start, end, device=dev)
         keys = deq[c["block_table"][i, pos // page].long(), pos % page].double()
         s = (q[r] @ keys.T) * SCALE
         lse[r] = torch.logsumexp(s, -1)
@@ -126,10 +158,10 @@ def reference(c, causal=True, window=None, deq=None):
 
 
 def poisoned(c, heads):
-    rows = c["q"].shape[0]
+    rows, dev = c["q"].shape[0], c["q"].device
     return (
-        torch.full((rows, heads, L), float("nan"), dtype=c["q"].dtype, device="cuda"),
-        torch.full((rows, heads), float("nan"), dtype=torch.float32, device="cuda"),
+        torch.full((rows, heads, L), float("nan"), dtype=c["q"].dtype, device=dev),
+        torch.full((rows, heads), float("nan"), dtype=torch.float32, device=dev),
     )
 
 
@@ -159,11 +191,13 @@ CASES = [
 ]
 
 
-@needs_gpu
+@needs_torch
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("heads,page,lens,kv,qd,query_len,causal,window,split_q", CASES)
-def test_matches_the_reference(heads, page, lens, kv, qd, query_len, causal, window, split_q):
+def test_matches_the_reference(heads, page, lens, kv, qd, query_len, causal, window, split_q, device):
     q_dtype = torch.bfloat16 if qd == "bf16" else torch.float16
-    c = make_case(len(lens), heads, lens, page, kv=kv, q_dtype=q_dtype, query_len=query_len, seed=heads + page)
+    c = make_case(len(lens), heads, lens, page, kv=kv, q_dtype=q_dtype, query_len=query_len, seed=heads + page,
+                  device=device)
     cache_dtype = {"bf16": "bfloat16", "f16": "float16", "fp8": "fp8", "fp8_u8": "fp8", "fp8_e5m2": "fp8_e5m2"}[kv]
     dec = mla_rs.MlaDecode(heads, SCALE, kv_cache_dtype=cache_dtype, sliding_window=window, dtype=q_dtype)
     q = (c["q"][..., :L], c["q"][..., L:]) if split_q else c["q"]
@@ -174,11 +208,49 @@ def test_matches_the_reference(heads, page, lens, kv, qd, query_len, causal, win
     assert_close(o, lse, *reference(c, causal=causal, window=window))
 
 
-@needs_gpu
-def test_allocates_its_outputs_when_none_are_given():
-    c = make_case(3, 16, [100, 2000, 1], 64)
+@needs_torch
+@pytest.mark.parametrize("device", DEVICES)
+def test_allocates_its_outputs_when_none_are_given(device):
+    c = make_case(3, 16, [100, 2000, 1], 64, device=device)
     o, lse = mla_rs.MlaDecode(16, SCALE).forward(c["q"], c["kv"], c["block_table"], c["seq_lens"])
     assert o.dtype == torch.bfloat16 and o.shape == (3, 16, L) and lse.dtype == torch.float32
+    assert o.device.type == device
+    assert_close(o, lse, *reference(c))
+
+
+@needs_torch
+def test_a_cpu_output_that_overlaps_an_input_is_refused():
+    c = make_case(2, 16, [100, 20], 16, device="cpu")
+    dec = mla_rs.MlaDecode(16, SCALE)
+    o, lse = poisoned(c, 16)
+    inside_o = o.view(torch.float32).view(-1)[:32].view(2, 16)  # o's own first bytes
+    with pytest.raises(ValueError, match="lse_out: overlaps"):
+        dec.forward(c["q"], c["kv"], c["block_table"], c["seq_lens"], out=o, lse_out=inside_o)
+    with pytest.raises(ValueError, match="out: overlaps"):
+        dec.forward(c["q"], c["kv"], c["block_table"], c["seq_lens"], out=c["q"][..., :L], lse_out=lse)
+
+
+@needs_torch
+def test_the_max_seq_len_hint_sizes_the_scratch_without_reading_the_lengths():
+    c = make_case(2, 16, [700, 20], 16, device="cpu")
+    dec = mla_rs.MlaDecode(16, SCALE)
+    o, lse = poisoned(c, 16)
+    dec.forward(c["q"], c["kv"], c["block_table"], c["seq_lens"], out=o, lse_out=lse, max_seq_len=1024)
+    assert dec.reserved_model_len == 1024
+    assert_close(o, lse, *reference(c))
+    with pytest.raises(ValueError, match="max_seq_len: expected a value >= 0"):
+        dec.forward(c["q"], c["kv"], c["block_table"], c["seq_lens"], max_seq_len=-1)
+
+
+@needs_torch
+def test_an_fp8_cache_handed_as_e4m3_is_read_as_the_configured_e5m2():
+    # vLLM views every fp8 cache as e4m3 whatever the dtype string: the decoder's own cache
+    # dtype decides how the bytes are read.
+    c = make_case(2, 16, [300, 41], 16, kv="fp8_e5m2", device="cpu")
+    dec = mla_rs.MlaDecode(16, SCALE, kv_cache_dtype="fp8_e5m2")
+    o, lse = poisoned(c, 16)
+    dec.forward(c["q"], c["kv"].view(torch.float8_e4m3fn), c["block_table"], c["seq_lens"], k_scale=c["k_scale"],
+                out=o, lse_out=lse)
     assert_close(o, lse, *reference(c))
 
 
