@@ -407,6 +407,18 @@ impl PyMlaDecode {
         }
     }
 
+    /// Width of the latent (values) part, `o`'s last dimension.
+    #[getter]
+    fn kv_lora_rank(&self) -> usize {
+        self.config.kv_lora_rank
+    }
+
+    /// Query heads a call reads and writes (`num_heads x dcp_world_size`).
+    #[getter]
+    fn q_heads(&self) -> usize {
+        self.config.num_heads * self.config.dcp_world_size
+    }
+
     /// Bytes of scratch the decoder holds.
     #[getter]
     fn workspace_bytes(&self) -> usize {

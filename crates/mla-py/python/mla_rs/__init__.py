@@ -2,8 +2,10 @@
 
 The Rust library mla, for PyTorch tensors: ``MlaDecode`` decodes on a tensor's CUDA device, on
 torch's current stream, in PyTorch's own CUDA context; ``decode_attention_fwd`` is a drop-in
-for vLLM's Triton MLA kernel entry point. The module imports without torch and without a GPU;
-a GPU call made there raises ``RuntimeError: no usable CUDA device: ...``.
+for vLLM's Triton MLA kernel entry point; ``mla_rs.ops`` has the decode as a torch custom op
+(torch.compile), ``mla_rs.vllm.backend`` the vLLM attention backend. CPU tensors run on the
+CPU backend. The module imports without torch and without a GPU; a GPU call made there raises
+``RuntimeError: no usable CUDA device: ...``.
 
     import torch, mla_rs
     dec = mla_rs.MlaDecode(num_heads=16, scale=192 ** -0.5)
