@@ -328,3 +328,21 @@ def test_argument_errors_name_the_argument():
     out = torch.empty(2, 16, L, dtype=torch.float16, device="cuda")
     with pytest.raises(ValueError, match="o: expected dtype bf16, got f16"):
         dec.forward(*args, out=out)
+
+
+def test_nvrtc_is_loaded_from_its_wheel_without_torch_or_ld_library_path():
+    import os
+    import subprocess
+    import sys
+
+    from mla_rs import _nvrtc
+
+    if _nvrtc.wheel_path() is None:
+        pytest.skip("the nvidia-cuda-nvrtc wheel is not installed here")
+    code = (
+        "import sys, mla_rs; maps = open('/proc/self/maps').read(); "
+        "print(mla_rs._nvrtc.wheel_path() in maps, 'torch' in sys.modules)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr

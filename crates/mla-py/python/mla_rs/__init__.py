@@ -14,7 +14,11 @@ CPU backend. The module imports without torch and without a GPU; a GPU call made
 See the README of the mla repository for the shapes and the contract.
 """
 
-from ._mla_rs import MlaDecode, __version__
-from .vllm import decode_attention_fwd
+from . import _nvrtc
+
+_nvrtc.preload()  # before the extension first compiles a kernel
+
+from ._mla_rs import MlaDecode, __version__  # noqa: E402
+from .vllm import decode_attention_fwd  # noqa: E402
 
 __all__ = ["MlaDecode", "decode_attention_fwd", "__version__"]

@@ -37,6 +37,7 @@ from vllm.v1.attention.backend import (
 from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
 from .._mla_rs import MlaDecode
+from .forward import forward_mqa
 
 BACKEND_NAME = "MLA_RS"
 _IMPL_NAME = "MlaRsImpl"
@@ -250,40 +251,11 @@ class MlaRsImpl(MLACommonImpl[MLACommonMetadata]):
         attn_metadata: MLACommonMetadata,
         layer: AttentionLayer,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        decode = attn_metadata.decode
-        if decode is None:
-            raise ValueError("attn_metadata: forward_mqa needs decode metadata (attn_metadata.decode is None)")
         first = q[0] if isinstance(q, tuple) else q
-        rows = first.shape[0]
-        num_decodes = decode.seq_lens.shape[0]
-        # Uniform blocks: query_len rows a request (mla reports a non-uniform block).
-        query_len = max(1, rows // num_decodes) if num_decodes else 1
         dec = self._decoders.get(bool(envs.VLLM_BATCH_INVARIANT)) or self._decoder(first.dtype)
-
         cache = kv_c_and_k_pe_cache
         key = (cache.data_ptr(), cache.shape, cache.stride())
         if key != self._warm_cache:
             self.register_decode_warmup(cache, self.kv_cache_dtype)
             self._warm_cache = key
-        if first.is_cuda and torch.cuda.is_current_stream_capturing():
-            # Nothing may allocate while a graph is captured: growth is an error from now on.
-            dec.lock_workspace()
-
-        o = torch.empty((rows, dec.q_heads, self.kv_lora_rank), dtype=first.dtype, device=first.device)
-        lse = torch.empty((rows, dec.q_heads), dtype=torch.float32, device=first.device)
-        # The cache goes as vLLM hands it: mla reads a 1-byte cache in the class's own fp8
-        # format. max_seq_len (local under DCP) is the split hint; nothing reads seq_lens on
-        # the host.
-        dec.forward(
-            q,
-            cache,
-            decode.block_table,
-            decode.seq_lens,
-            k_scale=layer._k_scale,
-            query_len=query_len,
-            causal=attn_metadata.causal,
-            out=o,
-            lse_out=lse,
-            max_seq_len=attn_metadata.max_seq_len,
-        )
-        return o, lse
+        return forward_mqa(dec, q, cache, attn_metadata, layer._k_scale)
