@@ -1,18 +1,20 @@
 //! torch tensors as mla views, read through Python attributes only (no libtorch link): data
-//! pointer, shape, strides, dtype, device. torch itself is imported only when a call needs it,
-//! so the module imports on machines without torch or a GPU.
+//! pointer, shape, strides, dtype, device. CUDA tensors become device views, CPU tensors host
+//! views (the CPU backend). torch itself is imported only when a call needs it, so the module
+//! imports on machines without torch or a GPU.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use mla::{DType, TensorMut, TensorRef};
+use half::{bf16, f16};
+use mla::{DType, Element, Location, TensorMut, TensorRef};
 
-/// What mla needs to know of a CUDA tensor.
+/// What mla needs to know of a torch tensor.
 #[derive(Debug, Clone)]
-pub struct CudaTensor {
+pub struct TorchTensor {
     pub ptr: u64,
-    pub device: usize,
+    pub location: Location,
     pub dtype: DType,
     pub shape: Vec<usize>,
     pub strides: Vec<usize>,
@@ -35,18 +37,22 @@ fn dtype_of(name: &str, arg: &str) -> PyResult<DType> {
     })
 }
 
-impl CudaTensor {
-    /// Describes a CUDA tensor; a ValueError for anything else.
+impl TorchTensor {
+    /// Describes a CUDA or CPU tensor; a ValueError for anything else.
     pub fn of(t: &Bound<'_, PyAny>, arg: &str) -> PyResult<Self> {
         let not_tensor = || PyValueError::new_err(format!("{arg}: expected a torch tensor"));
         let device = t.getattr("device").map_err(|_| not_tensor())?;
         let kind: String = device.getattr("type")?.extract()?;
-        if kind != "cuda" {
-            return Err(PyValueError::new_err(format!(
-                "{arg}: expected a CUDA tensor, got one on {kind}"
-            )));
-        }
         let index: Option<usize> = device.getattr("index")?.extract()?;
+        let location = match kind.as_str() {
+            "cuda" => Location::Cuda(index.unwrap_or(0)),
+            "cpu" => Location::Host,
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "{arg}: expected a CUDA or CPU tensor, got one on {kind}"
+                )));
+            }
+        };
         let dtype = dtype_of(&t.getattr("dtype")?.str()?.to_cow()?, arg)?;
         let shape: Vec<usize> = t.getattr("shape")?.extract()?;
         let strides: Vec<isize> = t.call_method0("stride")?.extract()?;
@@ -58,9 +64,9 @@ impl CudaTensor {
                 })
             })
             .collect::<PyResult<_>>()?;
-        Ok(CudaTensor {
+        Ok(TorchTensor {
             ptr: t.call_method0("data_ptr")?.extract()?,
-            device: index.unwrap_or(0),
+            location,
             dtype,
             shape,
             strides,
@@ -79,31 +85,110 @@ impl CudaTensor {
         Ok((shape, strides))
     }
 
-    /// A read-only view. The caller keeps the tensor alive for the call; the decode is ordered
-    /// on torch's current stream, like any torch op.
+    /// Elements from the first one to the last one the view reaches (0 when empty).
+    fn span(&self) -> usize {
+        if self.shape.contains(&0) {
+            return 0;
+        }
+        self.shape
+            .iter()
+            .zip(&self.strides)
+            .fold(1usize, |acc, (&n, &s)| {
+                acc.saturating_add((n - 1).saturating_mul(s))
+            })
+    }
+
+    /// The host bytes `[start, end)` the tensor spans (empty for a device tensor).
+    pub fn host_range(&self) -> std::ops::Range<u64> {
+        match self.location {
+            Location::Host => {
+                let bytes = (self.span() * self.dtype.size()) as u64;
+                self.ptr..self.ptr.saturating_add(bytes)
+            }
+            Location::Cuda(_) => 0..0,
+        }
+    }
+
+    /// A read-only view. The caller keeps the tensor alive for the call; a device decode is
+    /// ordered on torch's current stream, like any torch op.
     pub fn view<const N: usize>(&self, arg: &str) -> PyResult<TensorRef<'static, N>> {
         let (shape, strides) = self.dims::<N>(arg)?;
-        // SAFETY: torch guarantees the storage holds the tensor's view; the Python object is
-        // alive for the whole call and the kernels are launched on torch's current stream of
-        // the tensor's device, after every earlier torch op on that stream.
-        #[allow(unsafe_code)]
-        let view = unsafe {
-            TensorRef::from_device_ptr(self.ptr, self.device, self.dtype, shape, strides)
+        let view = match self.location {
+            // SAFETY: torch guarantees the storage holds the tensor's view; the Python object
+            // is alive for the whole call and the kernels are launched on torch's current
+            // stream of the tensor's device, after every earlier torch op on that stream.
+            #[allow(unsafe_code)]
+            Location::Cuda(device) => unsafe {
+                TensorRef::from_device_ptr(self.ptr, device, self.dtype, shape, strides)
+            },
+            Location::Host => match self.dtype {
+                DType::BF16 => host_ref::<bf16, N>(self, shape, strides),
+                DType::F16 => host_ref::<f16, N>(self, shape, strides),
+                DType::F32 => host_ref::<f32, N>(self, shape, strides),
+                DType::I32 => host_ref::<i32, N>(self, shape, strides),
+                // u8 and both fp8: bytes, read as the tensor's dtype.
+                _ => host_ref::<u8, N>(self, shape, strides).and_then(|v| v.view_as(self.dtype)),
+            },
         };
         view.map_err(crate::errors::to_py)
     }
 
-    /// A writable view (see [`CudaTensor::view`]).
+    /// A writable view (see [`TorchTensor::view`]).
     pub fn view_mut<const N: usize>(&self, arg: &str) -> PyResult<TensorMut<'static, N>> {
         let (shape, strides) = self.dims::<N>(arg)?;
-        // SAFETY: as in `view`; torch does not touch the output while the op that writes it is
-        // queued behind it on the same stream.
-        #[allow(unsafe_code)]
-        let view = unsafe {
-            TensorMut::from_device_ptr(self.ptr, self.device, self.dtype, shape, strides)
+        let view = match self.location {
+            // SAFETY: as in `view`; torch does not touch the output while the op that writes it
+            // is queued behind it on the same stream.
+            #[allow(unsafe_code)]
+            Location::Cuda(device) => unsafe {
+                TensorMut::from_device_ptr(self.ptr, device, self.dtype, shape, strides)
+            },
+            Location::Host => match self.dtype {
+                DType::BF16 => host_mut::<bf16, N>(self, shape, strides),
+                DType::F16 => host_mut::<f16, N>(self, shape, strides),
+                DType::F32 => host_mut::<f32, N>(self, shape, strides),
+                DType::I32 => host_mut::<i32, N>(self, shape, strides),
+                // Outputs are never 1-byte: the plan rejects the dtype with its message.
+                _ => host_mut::<u8, N>(self, shape, strides),
+            },
         };
         view.map_err(crate::errors::to_py)
     }
+}
+
+/// A host view of the tensor's elements as `T` (its dtype, or bytes for the 1-byte dtypes).
+fn host_ref<T: Element, const N: usize>(
+    t: &TorchTensor,
+    shape: [usize; N],
+    strides: [usize; N],
+) -> mla::Result<TensorRef<'static, N>> {
+    // SAFETY: a CPU torch tensor's storage holds `span` elements from its data pointer, which
+    // is aligned for its dtype (`T` has the same size and alignment); the Python object keeps
+    // it alive for the whole (synchronous) call, and the decode does not write through it.
+    #[allow(unsafe_code)]
+    let data: &'static [T] = if t.span() == 0 {
+        &[]
+    } else {
+        unsafe { std::slice::from_raw_parts(t.ptr as *const T, t.span()) }
+    };
+    TensorRef::from_host(data, shape, strides)
+}
+
+/// A writable host view, as [`host_ref`].
+fn host_mut<T: Element, const N: usize>(
+    t: &TorchTensor,
+    shape: [usize; N],
+    strides: [usize; N],
+) -> mla::Result<TensorMut<'static, N>> {
+    // SAFETY: as in `host_ref`; forward checks that no other view of the call overlaps an
+    // output's bytes, so this is the only reference to them while it lives.
+    #[allow(unsafe_code)]
+    let data: &'static mut [T] = if t.span() == 0 {
+        &mut []
+    } else {
+        unsafe { std::slice::from_raw_parts_mut(t.ptr as *mut T, t.span()) }
+    };
+    TensorMut::from_host(data, shape, strides)
 }
 
 /// torch, imported on first use.

@@ -1,10 +1,9 @@
-"""mla_rs against a torch float64 reference, on the GPU; its import and argument errors anywhere.
+"""mla_rs against a torch float64 reference, on CPU tensors (the CPU backend) and on the GPU;
+its import and argument errors anywhere.
 
-GPU tests skip (with the reason) where torch or a CUDA device is missing. Outputs are poisoned
-with NaN before every run, and every case draws fresh random inputs.
+Tests that need torch skip without it; GPU tests skip (with the reason) where a CUDA device is
+missing. Outputs are poisoned with NaN before every run, and every case draws fresh random inputs.
 """
-
-import math
 
 import pytest
 
@@ -17,10 +16,15 @@ except ImportError:  # the import and error tests still run
 
 HAS_GPU = torch is not None and torch.cuda.is_available()
 needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs torch with a CUDA device")
+needs_torch = pytest.mark.skipif(torch is None, reason="needs torch")
+# The reference tests run on CPU tensors everywhere and on CUDA tensors where there is a GPU.
+DEVICES = ["cpu", "cuda"] if HAS_GPU else ["cpu"]
 
 D, L, R = 576, 512, 64
 SCALE = 192**-0.5
 O_TOL, LSE_TOL = 5e-3, 1e-3
+if torch is not None:
+    from reference import assert_close, make_case, poisoned, reference
 
 
 # ---------------------------------------------------------------- anywhere
@@ -65,83 +69,36 @@ def test_the_drop_in_compares_scales_without_reading_them_when_it_can():
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the message on machines without a GPU")
 def test_a_gpu_call_without_a_gpu_says_so():
+    # With torch installed and no driver, mla's message, not torch's.
     with pytest.raises(RuntimeError, match="no usable CUDA device"):
         mla_rs.MlaDecode(16, SCALE).reserve_workspace(4, 1024)
+    with pytest.raises(RuntimeError, match="no usable CUDA device"):
+        mla_rs.MlaDecode(16, SCALE, device="cuda").reserve_workspace(4, 1024)
 
 
-# ---------------------------------------------------------------- cases and the reference
+@pytest.mark.parametrize(
+    "make,name",
+    [
+        (lambda: mla_rs.MlaDecode(-16, SCALE), "num_heads"),
+        (lambda: mla_rs.MlaDecode(16, SCALE, sliding_window=-1), "sliding_window"),
+        (lambda: mla_rs.MlaDecode(16, SCALE, kv_lora_rank=-512), "kv_lora_rank"),
+        (lambda: mla_rs.MlaDecode(16, SCALE, dcp_world_size=-2), "dcp_world_size"),
+        (lambda: mla_rs.MlaDecode(16, SCALE, device="cpu").reserve_workspace(-4, 1024), "max_rows"),
+        (lambda: mla_rs.MlaDecode(16, SCALE, device="cpu").reserve_workspace(4, -1024), "max_model_len"),
+        (lambda: mla_rs.MlaDecode(16, SCALE, device="tpu"), "device"),
+    ],
+)
+def test_negative_counts_are_value_errors_that_name_the_argument(make, name):
+    with pytest.raises(ValueError, match=f"^{name}: "):
+        make()
 
 
-def make_case(batch, heads, lens, page, kv="bf16", q_dtype=None, query_len=1, seed=0, k_scale=0.5):
-    """Random q ~ N(0, 1), cache ~ N(0, 0.5^2) (fp8 stores value / k_scale), pages in random order."""
-    q_dtype = q_dtype or torch.bfloat16
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    blocks_per_req = max(1, -(-max(lens + [1]) // page))
-    nblocks = batch * blocks_per_req + 3
-    values = torch.randn(nblocks, page, D, generator=g, device="cuda") * 0.5
-    if kv in ("fp8", "fp8_u8", "fp8_e5m2"):
-        f8 = torch.float8_e5m2 if kv == "fp8_e5m2" else torch.float8_e4m3fn
-        store = (values / k_scale).to(f8)
-        deq = store.float() * k_scale
-        if kv == "fp8_u8":
-            store = store.view(torch.uint8)
-    else:
-        store = values.to(torch.bfloat16 if kv == "bf16" else torch.float16)
-        deq = store.float()
-        k_scale = 1.0
-    deq = deq.to(q_dtype).float()  # what the products see: rounded to the query dtype
-    perm = torch.randperm(nblocks, generator=g, device="cuda")[: batch * blocks_per_req]
-    return dict(
-        q=torch.randn(batch * query_len, heads, D, generator=g, device="cuda").to(q_dtype),
-        kv=store,
-        deq=deq,
-        block_table=perm.to(torch.int32).view(batch, blocks_per_req).contiguous(),
-        seq_lens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
-        page=page,
-        query_len=query_len,
-        k_scale=k_scale,
-    )
-
-
-def reference(c, causal=True, window=None, deq=None):
-    """float64 attention over the keys each row sees: (o [rows, H, L], lse [rows, H])."""
-    deq = c["deq"] if deq is None else deq
-    q, ql, page = c["q"].double(), c["query_len"], c["page"]
-    rows, heads = q.shape[0], q.shape[1]
-    o = torch.zeros(rows, heads, L, dtype=torch.float64, device="cuda")
-    lse = torch.full((rows, heads), -math.inf, dtype=torch.float64, device="cuda")
-    lens = c["seq_lens"].tolist()
-    for r in range(rows):
-        i, t = divmod(r, ql)
-        end = max(0, lens[i] - (ql - 1 - t)) if causal else lens[i]
-        start = max(0, end - window) if window else 0
-        if end <= start:
-            continue
-        pos = torch.arange(start, end, device="cuda")
-        keys = deq[c["block_table"][i, pos // page].long(), pos % page].double()
-        s = (q[r] @ keys.T) * SCALE
-        lse[r] = torch.logsumexp(s, -1)
-        o[r] = torch.softmax(s, -1) @ keys[:, :L]
-    return o, lse
-
-
-def poisoned(c, heads):
-    rows = c["q"].shape[0]
-    return (
-        torch.full((rows, heads, L), float("nan"), dtype=c["q"].dtype, device="cuda"),
-        torch.full((rows, heads), float("nan"), dtype=torch.float32, device="cuda"),
-    )
-
-
-def assert_close(o, lse, ref_o, ref_lse, what="", o_tol=O_TOL, lse_tol=LSE_TOL):
-    assert not torch.isnan(o).any() and not torch.isnan(lse).any(), f"unwritten outputs {what}"
-    rel = float((o.double() - ref_o).norm() / ref_o.norm().clamp_min(1e-30))
-    assert rel <= o_tol, f"o error {rel:.3e} {what}"
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), finite), f"-inf rows differ {what}"
-    if finite.any():
-        err = float((lse.double()[finite] - ref_lse[finite]).abs().max())
-        assert err <= lse_tol, f"lse error {err:.3e} {what}"
+def test_a_cpu_decoder_reserves_without_a_gpu():
+    dec = mla_rs.MlaDecode(16, SCALE, device="cpu")
+    dec.reserve_workspace(4, 8192)
+    assert dec.reserved_model_len == 8192
+    assert dec.workspace_bytes > 0
+    assert "device=the host" in repr(dec)
 
 
 # ---------------------------------------------------------------- on the GPU
@@ -159,11 +116,13 @@ CASES = [
 ]
 
 
-@needs_gpu
+@needs_torch
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("heads,page,lens,kv,qd,query_len,causal,window,split_q", CASES)
-def test_matches_the_reference(heads, page, lens, kv, qd, query_len, causal, window, split_q):
+def test_matches_the_reference(heads, page, lens, kv, qd, query_len, causal, window, split_q, device):
     q_dtype = torch.bfloat16 if qd == "bf16" else torch.float16
-    c = make_case(len(lens), heads, lens, page, kv=kv, q_dtype=q_dtype, query_len=query_len, seed=heads + page)
+    c = make_case(len(lens), heads, lens, page, kv=kv, q_dtype=q_dtype, query_len=query_len, seed=heads + page,
+                  device=device)
     cache_dtype = {"bf16": "bfloat16", "f16": "float16", "fp8": "fp8", "fp8_u8": "fp8", "fp8_e5m2": "fp8_e5m2"}[kv]
     dec = mla_rs.MlaDecode(heads, SCALE, kv_cache_dtype=cache_dtype, sliding_window=window, dtype=q_dtype)
     q = (c["q"][..., :L], c["q"][..., L:]) if split_q else c["q"]
@@ -174,11 +133,49 @@ def test_matches_the_reference(heads, page, lens, kv, qd, query_len, causal, win
     assert_close(o, lse, *reference(c, causal=causal, window=window))
 
 
-@needs_gpu
-def test_allocates_its_outputs_when_none_are_given():
-    c = make_case(3, 16, [100, 2000, 1], 64)
+@needs_torch
+@pytest.mark.parametrize("device", DEVICES)
+def test_allocates_its_outputs_when_none_are_given(device):
+    c = make_case(3, 16, [100, 2000, 1], 64, device=device)
     o, lse = mla_rs.MlaDecode(16, SCALE).forward(c["q"], c["kv"], c["block_table"], c["seq_lens"])
     assert o.dtype == torch.bfloat16 and o.shape == (3, 16, L) and lse.dtype == torch.float32
+    assert o.device.type == device
+    assert_close(o, lse, *reference(c))
+
+
+@needs_torch
+def test_a_cpu_output_that_overlaps_an_input_is_refused():
+    c = make_case(2, 16, [100, 20], 16, device="cpu")
+    dec = mla_rs.MlaDecode(16, SCALE)
+    o, lse = poisoned(c, 16)
+    inside_o = o.view(torch.float32).view(-1)[:32].view(2, 16)  # o's own first bytes
+    with pytest.raises(ValueError, match="lse_out: overlaps"):
+        dec.forward(c["q"], c["kv"], c["block_table"], c["seq_lens"], out=o, lse_out=inside_o)
+    with pytest.raises(ValueError, match="out: overlaps"):
+        dec.forward(c["q"], c["kv"], c["block_table"], c["seq_lens"], out=c["q"][..., :L], lse_out=lse)
+
+
+@needs_torch
+def test_the_max_seq_len_hint_sizes_the_scratch_without_reading_the_lengths():
+    c = make_case(2, 16, [700, 20], 16, device="cpu")
+    dec = mla_rs.MlaDecode(16, SCALE)
+    o, lse = poisoned(c, 16)
+    dec.forward(c["q"], c["kv"], c["block_table"], c["seq_lens"], out=o, lse_out=lse, max_seq_len=1024)
+    assert dec.reserved_model_len == 1024
+    assert_close(o, lse, *reference(c))
+    with pytest.raises(ValueError, match="max_seq_len: expected a value >= 0"):
+        dec.forward(c["q"], c["kv"], c["block_table"], c["seq_lens"], max_seq_len=-1)
+
+
+@needs_torch
+def test_an_fp8_cache_handed_as_e4m3_is_read_as_the_configured_e5m2():
+    # vLLM views every fp8 cache as e4m3 whatever the dtype string: the decoder's own cache
+    # dtype decides how the bytes are read.
+    c = make_case(2, 16, [300, 41], 16, kv="fp8_e5m2", device="cpu")
+    dec = mla_rs.MlaDecode(16, SCALE, kv_cache_dtype="fp8_e5m2")
+    o, lse = poisoned(c, 16)
+    dec.forward(c["q"], c["kv"].view(torch.float8_e4m3fn), c["block_table"], c["seq_lens"], k_scale=c["k_scale"],
+                out=o, lse_out=lse)
     assert_close(o, lse, *reference(c))
 
 
@@ -331,3 +328,21 @@ def test_argument_errors_name_the_argument():
     out = torch.empty(2, 16, L, dtype=torch.float16, device="cuda")
     with pytest.raises(ValueError, match="o: expected dtype bf16, got f16"):
         dec.forward(*args, out=out)
+
+
+def test_nvrtc_is_loaded_from_its_wheel_without_torch_or_ld_library_path():
+    import os
+    import subprocess
+    import sys
+
+    from mla_rs import _nvrtc
+
+    if _nvrtc.wheel_path() is None:
+        pytest.skip("the nvidia-cuda-nvrtc wheel is not installed here")
+    code = (
+        "import sys, mla_rs; maps = open('/proc/self/maps').read(); "
+        "print(mla_rs._nvrtc.wheel_path() in maps, 'torch' in sys.modules)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr
