@@ -5,6 +5,7 @@
 //! checks it against a [`DeviceInfo`], which is a plain value, so every rejection is testable
 //! without a GPU. The result, [`ValidConfig`], is what the plan and the backends read.
 
+use crate::backend::cpu::CpuKernel;
 use crate::dtype::{CacheDtype, KvFormat, ModelDtype};
 use crate::error::{Capability, Error, Result};
 use crate::plan::SplitRule;
@@ -135,6 +136,10 @@ pub struct MlaConfig {
     /// the default (a bf16 or f16 q against the decoded cache), by design: it is the numerics
     /// of fp8 tensor cores. Needs an fp8 cache.
     pub fp8_query: bool,
+    /// The CPU backend's stage-1 kernel: [`CpuKernel::Auto`] takes the fastest this CPU and
+    /// configuration allow; forcing one (for tests and benchmarks) is an error where it
+    /// cannot run. Ignored on a GPU.
+    pub cpu_kernel: CpuKernel,
 }
 
 impl MlaConfig {
@@ -157,6 +162,7 @@ impl MlaConfig {
             num_kv_splits: None,
             device_schedule: false,
             fp8_query: false,
+            cpu_kernel: CpuKernel::Auto,
         }
     }
 
@@ -249,6 +255,7 @@ impl MlaConfig {
             split_rule,
             schedule: self.device_schedule,
             fp8_query: self.fp8_query,
+            cpu_kernel: self.cpu_kernel,
         })
     }
 
@@ -386,6 +393,8 @@ pub struct ValidConfig {
     pub schedule: bool,
     /// The fp8-query mode ([`MlaConfig::fp8_query`]); the cache is fp8.
     pub fp8_query: bool,
+    /// The CPU backend's stage-1 kernel as asked ([`MlaConfig::cpu_kernel`]).
+    pub cpu_kernel: CpuKernel,
 }
 
 impl ValidConfig {

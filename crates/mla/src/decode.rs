@@ -87,7 +87,8 @@ impl MlaDecode {
         self.backend.name()
     }
 
-    /// What computes stage 1 of a planned decode: `cpu`, or the CUDA kernel's entry point
+    /// What computes stage 1 of a planned decode: the CPU path (`cpu-avx512-bf16`,
+    /// `cpu-portable`), or the CUDA kernel's entry point
     /// (`mla_decode_split` for the mma.sync family; on Hopper `mla_decode_wgmma`, which
     /// few-head multi-token decodes also take, `mla_decode_narrow` for up to 16 heads and
     /// `mla_decode_seesaw` from 16 heads on long splits), so that a measurement can
@@ -98,7 +99,7 @@ impl MlaDecode {
             return v.family.entry();
         }
         let _ = plan;
-        self.backend.name()
+        self.backend.kernel_name()
     }
 
     /// Where the decode's tensors must live.

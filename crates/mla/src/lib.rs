@@ -77,6 +77,7 @@ pub mod tensor;
 
 pub use args::{DecodeInputs, DecodeOutputs, Query};
 pub use backend::Device;
+pub use backend::cpu::{CpuFeatures, CpuKernel};
 pub use config::{AttentionType, DeviceInfo, MlaConfig, ValidConfig};
 pub use decode::MlaDecode;
 pub use dtype::{CacheDtype, DType, Element, KvFormat, ModelDtype};
