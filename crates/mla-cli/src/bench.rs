@@ -75,6 +75,10 @@ pub struct BenchArgs {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The CPU backend's stage-1 kernel (MlaConfig::cpu_kernel): auto, avx512-bf16 or
+    /// portable; forcing one this CPU or case cannot run is an error.
+    #[arg(long, default_value = "auto")]
+    cpu_kernel: mla::CpuKernel,
     /// Decode context parallelism: time one GPU against this many (GPUs 0..N, NCCL), the
     /// heads being the total over the ranks (needs the `nccl` feature).
     #[arg(long, value_parser = positive)]
@@ -110,6 +114,9 @@ struct Case {
     device_schedule: bool,
     /// `--fp8-query`: the fp8-query mode.
     fp8_query: bool,
+    /// `--cpu-kernel`: the CPU path asked for.
+    #[serde(skip)]
+    cpu_kernel: mla::CpuKernel,
 }
 
 /// What a case measured.
@@ -118,7 +125,8 @@ struct Measured {
     #[serde(flatten)]
     case: Case,
     backend: &'static str,
-    /// The stage-1 kernel (`cpu`, `mla_decode_split`, `mla_decode_wgmma`).
+    /// The stage-1 kernel (`cpu-avx512-bf16`, `cpu-portable`, `mla_decode_split`,
+    /// `mla_decode_wgmma`).
     kernel: &'static str,
     device: String,
     num_kv_splits: usize,
@@ -158,6 +166,7 @@ impl BenchArgs {
             fixed_splits: self.splits,
             device_schedule: self.schedule,
             fp8_query: self.fp8_query,
+            cpu_kernel: self.cpu_kernel,
         }
     }
 }
@@ -165,7 +174,8 @@ impl BenchArgs {
 /// The default grid: DeepSeek-V3 shapes (576-wide rows, page 64), sized for a CPU, with
 /// `fixed_splits` (`--splits`) and `device_schedule` (`--schedule`) for every case and
 /// `fp8_query` (`--fp8-query`) for the fp8 ones.
-fn grid(fixed_splits: Option<usize>, device_schedule: bool, fp8_query: bool) -> Vec<Case> {
+fn grid(args: &BenchArgs) -> Vec<Case> {
+    let (fixed_splits, device_schedule, fp8_query) = (args.splits, args.schedule, args.fp8_query);
     let mut cases = Vec::new();
     for heads in [16, 128] {
         for kv in ["bf16", "fp8"] {
@@ -183,6 +193,7 @@ fn grid(fixed_splits: Option<usize>, device_schedule: bool, fp8_query: bool) -> 
                     fixed_splits,
                     device_schedule,
                     fp8_query: fp8_query && kv == "fp8",
+                    cpu_kernel: args.cpu_kernel,
                 });
             }
         }
@@ -206,7 +217,7 @@ pub fn run(args: &BenchArgs) -> mla::Result<()> {
     let cases = if args.has_case() {
         vec![args.case()]
     } else {
-        grid(args.splits, args.schedule, args.fp8_query)
+        grid(args)
     };
     let iters = args.iters.unwrap_or(5);
     let mut progress = Progress::new(cases.len(), args.json);
@@ -244,6 +255,7 @@ fn config(case: &Case) -> mla::Result<(MlaConfig, CacheDtype)> {
     cfg.num_kv_splits = case.fixed_splits;
     cfg.device_schedule = case.device_schedule;
     cfg.fp8_query = case.fp8_query;
+    cfg.cpu_kernel = case.cpu_kernel;
     Ok((cfg, cache))
 }
 
@@ -425,7 +437,7 @@ fn print_table(rows: &[Measured]) {
         );
     }
     println!(
-        "{:>5} {:>5} {:>7} {:>5} {:>8} {:>3} {:>7} {:>7} {:>11} {:>8} {:>8} {:>9} {:>9}",
+        "{:>5} {:>5} {:>7} {:>5} {:>8} {:>3} {:>7} {:>7} {:>11} {:>8} {:>8} {:>9} {:>9}  {}",
         "batch",
         "heads",
         "ctx",
@@ -438,7 +450,8 @@ fn print_table(rows: &[Measured]) {
         "GB/s",
         "TFLOP/s",
         "err_o",
-        "err_lse"
+        "err_lse",
+        "kernel"
     );
     for m in rows {
         let c = &m.case;
@@ -453,7 +466,7 @@ fn print_table(rows: &[Measured]) {
             c.query_len.to_string()
         };
         println!(
-            "{:>5} {:>5} {:>7} {:>5} {:>8} {:>3} {:>7} {:>7} {:>11} {:>8.1} {:>8.3} {:>9.2e} {:>9.2e}",
+            "{:>5} {:>5} {:>7} {:>5} {:>8} {:>3} {:>7} {:>7} {:>11} {:>8.1} {:>8.3} {:>9.2e} {:>9.2e}  {}",
             c.batch,
             c.heads,
             ctx,
@@ -466,7 +479,8 @@ fn print_table(rows: &[Measured]) {
             m.tbps * 1e3,
             m.tflops,
             m.err_o,
-            m.err_lse
+            m.err_lse,
+            m.kernel
         );
     }
 }
