@@ -194,3 +194,66 @@ impl CpuPath {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DeviceInfo, MlaConfig};
+
+    fn valid(model: ModelDtype) -> ValidConfig {
+        let mut cfg = MlaConfig::new(16, 0.1);
+        cfg.model_dtype = model;
+        cfg.validate(&DeviceInfo::Cpu { threads: 1 }).unwrap()
+    }
+
+    #[test]
+    fn names_parse_back() {
+        for k in [CpuKernel::Auto, CpuKernel::Avx512Bf16, CpuKernel::Portable] {
+            assert_eq!(k.name().parse::<CpuKernel>().unwrap(), k);
+        }
+        let e = "amx".parse::<CpuKernel>().unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidConfig {
+                    field: "cpu_kernel",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn auto_takes_bf16_products_only_for_bf16_values() {
+        let has = CpuFeatures::detect();
+        let bf16 = CpuPath::resolve(CpuKernel::Auto, &valid(ModelDtype::Bf16)).unwrap();
+        let want = if has.avx512f && has.avx512bw && has.avx512_bf16 {
+            CpuKernel::Avx512Bf16
+        } else {
+            CpuKernel::Portable
+        };
+        assert_eq!(bf16.kernel(), want);
+        let f16 = CpuPath::resolve(CpuKernel::Auto, &valid(ModelDtype::F16)).unwrap();
+        assert_eq!(f16.kernel(), CpuKernel::Portable);
+    }
+
+    #[test]
+    fn a_forced_path_that_cannot_run_names_cpu_kernel() {
+        // f16 values are not bf16 numbers: refused on every CPU (for lack of the features
+        // or of exact products).
+        let e = CpuPath::resolve(CpuKernel::Avx512Bf16, &valid(ModelDtype::F16)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidConfig {
+                    field: "cpu_kernel",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let portable = CpuPath::resolve(CpuKernel::Portable, &valid(ModelDtype::Bf16)).unwrap();
+        assert_eq!(portable.kernel(), CpuKernel::Portable);
+    }
+}
