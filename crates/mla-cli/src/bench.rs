@@ -437,7 +437,7 @@ fn print_table(rows: &[Measured]) {
         );
     }
     println!(
-        "{:>5} {:>5} {:>7} {:>5} {:>8} {:>3} {:>7} {:>7} {:>11} {:>8} {:>8} {:>9} {:>9}  {}",
+        "{:>5} {:>5} {:>7} {:>5} {:>8} {:>3} {:>7} {:>7} {:>11} {:>8} {:>8} {:>9} {:>9}  kernel",
         "batch",
         "heads",
         "ctx",
@@ -450,8 +450,7 @@ fn print_table(rows: &[Measured]) {
         "GB/s",
         "TFLOP/s",
         "err_o",
-        "err_lse",
-        "kernel"
+        "err_lse"
     );
     for m in rows {
         let c = &m.case;

@@ -54,7 +54,10 @@ pub fn scores(
     hp: usize,
     scores: &mut [f32],
 ) {
-    assert!(hp % LANES == 0 && q.len() >= pairs * hp, "scores: q");
+    assert!(
+        hp.is_multiple_of(LANES) && q.len() >= pairs * hp,
+        "scores: q"
+    );
     assert!(scores.len() >= rows.len() * hp, "scores: output");
     assert!(rows.iter().all(|r| r.len() >= 2 * pairs), "scores: rows");
     let vectors = hp / LANES;
@@ -140,7 +143,7 @@ pub fn softmax(
     alpha: &mut [f32],
     p: &mut [u32],
 ) {
-    assert!(hp % LANES == 0 && keys > 0, "softmax: shape");
+    assert!(hp.is_multiple_of(LANES) && keys > 0, "softmax: shape");
     assert!(scores.len() >= keys * hp, "softmax: scores");
     assert!(
         m.len() >= hp && l.len() >= hp && alpha.len() >= hp,
@@ -216,6 +219,7 @@ unsafe fn softmax_vector(
 ///
 /// # Panics
 /// If a slice is shorter than the shapes say (internal invariants).
+#[allow(clippy::too_many_arguments)]
 pub fn accumulate(
     _: Avx512Bf16,
     p: &[u32],
@@ -226,7 +230,10 @@ pub fn accumulate(
     alpha: &[f32],
     acc: &mut [f32],
 ) {
-    assert!(hp % LANES == 0 && lp % LANES == 0, "accumulate: shape");
+    assert!(
+        hp.is_multiple_of(LANES) && lp.is_multiple_of(LANES),
+        "accumulate: shape"
+    );
     assert!(
         p.len() >= pairs * hp && v.len() >= pairs * lp,
         "accumulate: p, v"
@@ -459,7 +466,7 @@ fn exp(x: __m512) -> __m512 {
         8.333_452e-3,
         4.166_579_6e-2,
         1.666_666_5e-1,
-        5.000_000_1e-1,
+        0.5,
     ] {
         y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
     }

@@ -202,7 +202,7 @@ fn cache_row<'a>(
     pos: usize,
 ) -> Option<&'a [u16]> {
     let d = plan.head_dim();
-    if cache.format != KvFormat::Bf16 || d % 2 != 0 {
+    if cache.format != KvFormat::Bf16 || !d.is_multiple_of(2) {
         return None;
     }
     let off = key_offset(plan, src, request, pos);
