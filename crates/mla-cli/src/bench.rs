@@ -88,6 +88,10 @@ pub struct BenchArgs {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The CPU backend's stage-1 kernel (MlaConfig::cpu_kernel): auto, avx512-bf16 or
+    /// portable; forcing one this CPU or case cannot run is an error.
+    #[arg(long, default_value = "auto")]
+    cpu_kernel: mla::CpuKernel,
     /// Decode context parallelism: time one GPU against this many (GPUs 0..N, NCCL), the
     /// heads being the total over the ranks (needs the `nccl` feature).
     #[arg(long, value_parser = positive)]
@@ -146,8 +150,8 @@ struct Measured {
     #[serde(flatten)]
     case: Case,
     backend: &'static str,
-    /// The stage-1 kernel family that ran (`cpu`, `mma`, `wgmma`, `narrow`, `seesaw`,
-    /// `wgmma-fp8`).
+    /// The stage-1 kernel that ran: the CPU path (`cpu-avx512-bf16`, `cpu-portable`) or the
+    /// GPU family (`mma`, `wgmma`, `narrow`, `seesaw`, `wgmma-fp8`).
     kernel: &'static str,
     device: String,
     num_kv_splits: usize,
@@ -179,6 +183,7 @@ impl BenchArgs {
             kernel: self.kernel,
             schedule_costs: self.schedule_costs.unwrap_or_default(),
             pdl: !self.no_pdl,
+            cpu_kernel: self.cpu_kernel,
         }
     }
 
@@ -466,7 +471,7 @@ fn print_table(rows: &[Measured]) {
         );
     }
     println!(
-        "{:>5} {:>5} {:>7} {:>5} {:>8} {:>3} {:>7} {:>7} {:>11} {:>8} {:>8} {:>9} {:>9}",
+        "{:>5} {:>5} {:>7} {:>5} {:>8} {:>3} {:>7} {:>7} {:>11} {:>8} {:>8} {:>9} {:>9}  kernel",
         "batch",
         "heads",
         "ctx",
@@ -494,7 +499,7 @@ fn print_table(rows: &[Measured]) {
             c.query_len.to_string()
         };
         println!(
-            "{:>5} {:>5} {:>7} {:>5} {:>8} {:>3} {:>7} {:>7} {:>11} {:>8.1} {:>8.3} {:>9.2e} {:>9.2e}",
+            "{:>5} {:>5} {:>7} {:>5} {:>8} {:>3} {:>7} {:>7} {:>11} {:>8.1} {:>8.3} {:>9.2e} {:>9.2e}  {}",
             c.batch,
             c.heads,
             ctx,
@@ -507,7 +512,8 @@ fn print_table(rows: &[Measured]) {
             m.tbps * 1e3,
             m.tflops,
             m.err_o,
-            m.err_lse
+            m.err_lse,
+            m.kernel
         );
     }
 }

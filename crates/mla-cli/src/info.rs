@@ -25,6 +25,7 @@ pub fn run(args: &InfoArgs) -> Result<(), mla::Error> {
             Err(e) => println!("  {name:<5} unavailable: {e}"),
         }
     }
+    println!("cpu features: {}", mla::CpuFeatures::detect());
     let dec = probe(args.backend.device())?;
     let units = dec.config().sm_count;
     println!(
@@ -33,6 +34,7 @@ pub fn run(args: &InfoArgs) -> Result<(), mla::Error> {
         dec.backend_name(),
         dec.device()
     );
+
     println!(
         "num_kv_splits ({:?}, {units} SMs or threads; pages of 64 keys):",
         dec.split_rule()

@@ -5,6 +5,7 @@
 //! checks it against a [`DeviceInfo`], which is a plain value, so every rejection is testable
 //! without a GPU. The result, [`ValidConfig`], is what the plan and the backends read.
 
+use crate::backend::cpu::CpuKernel;
 use crate::dtype::{CacheDtype, KvFormat, ModelDtype};
 use crate::error::{Capability, Error, Result};
 use crate::kernels::KernelChoice;
@@ -157,6 +158,10 @@ pub struct Tuning {
     /// Hopper (the combine, and on the schedule the stage-1 kernel after the scheduler): they
     /// are then resident while the one before finishes.
     pub pdl: bool,
+    /// The CPU backend's stage-1 kernel (`mla bench --cpu-kernel`): the fastest this CPU runs,
+    /// or one path forced (an error naming `cpu_kernel` where this CPU or the dtypes cannot run
+    /// it).
+    pub cpu_kernel: CpuKernel,
 }
 
 impl Default for Tuning {
@@ -165,6 +170,7 @@ impl Default for Tuning {
             kernel: KernelChoice::Auto,
             schedule_costs: ScheduleCosts::default(),
             pdl: true,
+            cpu_kernel: CpuKernel::Auto,
         }
     }
 }

@@ -109,11 +109,13 @@ impl MlaDecode {
         self.backend.name()
     }
 
-    /// What computes stage 1 of a planned decode: `cpu`, or the GPU kernel family
-    /// ([`crate::KernelFamily::name`]: `mma`, `wgmma`, `narrow`, `seesaw`, `wgmma-fp8`), so
-    /// that a measurement can say which kernel it timed.
+    /// What computes stage 1 of a planned decode: the CPU path (`cpu-avx512-bf16`,
+    /// `cpu-portable`) or the GPU kernel family ([`crate::KernelFamily::name`]: `mma`,
+    /// `wgmma`, `narrow`, `seesaw`, `wgmma-fp8`), so that a measurement can say which kernel
+    /// it timed.
     pub fn kernel_name(&self, plan: &DecodePlan) -> &'static str {
-        plan.kernel().map_or(self.backend.name(), |k| k.name())
+        plan.kernel()
+            .map_or(self.backend.kernel_name(), |k| k.name())
     }
 
     /// Where the decode's tensors must live.

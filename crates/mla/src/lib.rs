@@ -81,6 +81,7 @@ pub mod tensor;
 
 pub use args::{DecodeInputs, DecodeOutputs, Mask, Query};
 pub use backend::Device;
+pub use backend::cpu::{CpuFeatures, CpuKernel};
 pub use config::{AttentionType, DeviceInfo, MlaConfig, ScheduleCosts, Tuning, ValidConfig};
 pub use decode::MlaDecode;
 pub use dtype::{CacheDtype, DType, Element, KvFormat, ModelDtype};

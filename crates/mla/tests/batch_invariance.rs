@@ -65,12 +65,14 @@ proptest! {
         page in proptest::sample::select(vec![1usize, 16, 64]),
         window in proptest::option::weighted(0.3, 1usize..1500),
         seed in any::<u64>(),
+        kernel in proptest::sample::select(common::cpu_kernels()),
     ) {
         let mut s = spec(heads, page, &lens, q_len, Mask::Causal);
         s.seed = seed;
         let mut case = Case::new(s);
         case.batch_invariant = true;
         case.window = window;
+        case.cpu_kernel = kernel;
         check(&case)?;
     }
 }

@@ -3,10 +3,10 @@
 
 mod common;
 
-use common::{Case, assert_accurate, formats, run_case, spec};
+use common::{Case, assert_accurate, cpu_kernels, formats, run_case, spec};
 use mla::reference::{self, Reference};
 use mla::synth::{CacheBuf, Outputs, Problem, ProblemSpec};
-use mla::{Device, KvFormat, Mask, MlaDecode, ModelDtype};
+use mla::{CpuKernel, Device, Error, KvFormat, Mask, MlaDecode, ModelDtype};
 use proptest::prelude::*;
 
 #[test]
@@ -217,7 +217,7 @@ prop_compose! {
         let fixed_splits = fixed_splits.filter(|_| !batch_invariant);
         // The fp8-query mode needs an fp8 cache.
         let fp8_query = fp8_query && kv.is_fp8();
-        Case { spec: s, window, batch_invariant, split_q, split_units, fixed_splits, fp8_query }
+        Case { spec: s, window, batch_invariant, split_q, split_units, fixed_splits, fp8_query, cpu_kernel: CpuKernel::Auto }
     }
 }
 
@@ -237,6 +237,35 @@ proptest! {
         }
         if let Some(n) = case.fixed_splits {
             prop_assert_eq!(r.num_kv_splits, n);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Each path this CPU has, forced, over the same grid. The AVX-512 BF16 path takes the
+    /// configurations whose multiplied values are bf16 numbers and refuses the others with an
+    /// error naming `cpu_kernel`.
+    #[test]
+    fn every_cpu_path_matches_the_f64_reference(case in any_case()) {
+        for kernel in cpu_kernels() {
+            let case = Case { cpu_kernel: kernel, ..case.clone() };
+            let bf16_values = case.spec.model_dtype == ModelDtype::Bf16 && !case.fp8_query;
+            if kernel == CpuKernel::Avx512Bf16 && !bf16_values {
+                let e = MlaDecode::new(&case.config(), Device::Cpu).unwrap_err();
+                prop_assert!(
+                    matches!(e, Error::InvalidConfig { field: "cpu_kernel", .. }),
+                    "{e}"
+                );
+                continue;
+            }
+            let r = run_case(&case, Device::Cpu);
+            let (o_tol, lse_tol) = case.tolerances();
+            prop_assert!(
+                r.accuracy.o_rel <= o_tol && r.accuracy.lse_abs <= lse_tol,
+                "{:?} on {kernel} for {:#?}", r.accuracy, case
+            );
         }
     }
 }

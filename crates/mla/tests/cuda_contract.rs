@@ -331,7 +331,7 @@ prop_compose! {
         let fixed_splits = fixed_splits.filter(|_| !batch_invariant);
         // The fp8-query mode needs an fp8 cache.
         let fp8_query = fp8_query && kv.is_fp8();
-        Case { spec: s, window, batch_invariant, split_q, split_units: None, fixed_splits, fp8_query }
+        Case { spec: s, window, batch_invariant, split_q, split_units: None, fixed_splits, fp8_query, cpu_kernel: mla::CpuKernel::Auto }
     }
 }
 

@@ -85,6 +85,19 @@ impl Backend {
         }
     }
 
+    /// What computes stage 1: the CPU path (`cpu-avx512-bf16`, `cpu-portable`), or the
+    /// backend's name on a GPU (whose kernels are named per plan).
+    pub(crate) fn kernel_name(&self) -> &'static str {
+        match self {
+            Backend::Cpu(b) => match b.kernel() {
+                cpu::CpuKernel::Avx512Bf16 => "cpu-avx512-bf16",
+                cpu::CpuKernel::Portable | cpu::CpuKernel::Auto => "cpu-portable",
+            },
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => self.name(),
+        }
+    }
+
     pub(crate) fn location(&self) -> Location {
         match self {
             Backend::Cpu(_) => Location::Host,
@@ -97,10 +110,7 @@ impl Backend {
     /// and the launch settings it takes from it.
     pub(crate) fn configure(&mut self, cfg: &ValidConfig) -> Result<()> {
         match self {
-            Backend::Cpu(_) => {
-                let _ = cfg;
-                Ok(())
-            }
+            Backend::Cpu(b) => b.configure(cfg),
             #[cfg(feature = "cuda")]
             Backend::Cuda(b) => b.configure(cfg),
         }

@@ -8,7 +8,9 @@ pub mod gpu;
 
 use mla::reference::{self, Accuracy};
 use mla::synth::{Outputs, Problem, ProblemSpec};
-use mla::{DecodeInputs, Device, KvFormat, Mask, MlaConfig, MlaDecode, ModelDtype, Query};
+use mla::{
+    CpuKernel, DecodeInputs, Device, KvFormat, Mask, MlaConfig, MlaDecode, ModelDtype, Query,
+};
 
 /// `||o - ref|| / ||ref||` with a bf16 or f16 query.
 pub const O_TOL: f64 = 5e-3;
@@ -38,6 +40,8 @@ pub struct Case {
     pub fixed_splits: Option<usize>,
     /// The fp8-query mode (`MlaConfig::fp8_query`; the spec's cache must be fp8).
     pub fp8_query: bool,
+    /// The CPU backend's stage-1 path (`MlaConfig::cpu_kernel`).
+    pub cpu_kernel: CpuKernel,
 }
 
 impl Case {
@@ -50,6 +54,7 @@ impl Case {
             split_units: None,
             fixed_splits: None,
             fp8_query: false,
+            cpu_kernel: CpuKernel::Auto,
         }
     }
 
@@ -82,6 +87,7 @@ impl Case {
         c.split_units = self.split_units;
         c.num_kv_splits = self.fixed_splits;
         c.fp8_query = self.fp8_query;
+        c.tuning.cpu_kernel = self.cpu_kernel;
         c
     }
 }
@@ -167,6 +173,17 @@ pub fn assert_accurate(case: &Case, a: Accuracy) {
         a.o_rel,
         a.lse_abs
     );
+}
+
+/// The CPU paths this CPU can force, saying once which it cannot.
+pub fn cpu_kernels() -> Vec<CpuKernel> {
+    let mut kernels = vec![CpuKernel::Portable];
+    if mla::CpuFeatures::detect().avx512_bf16 {
+        kernels.push(CpuKernel::Avx512Bf16);
+    } else {
+        eprintln!("skipped the avx512-bf16 path: this CPU lacks AVX-512 BF16");
+    }
+    kernels
 }
 
 /// A compact spec for hand-written cases.

@@ -4,34 +4,69 @@
 //! - `inputs`: typed host views and the value checks (lengths, block ids).
 //! - `split`: stage 1, one normalized partial output and LSE per split.
 //! - `combine`: stage 2, the ascending merge into o and lse.
-//! - `gemm`: the safe wrapper of the f32 GEMM both products use.
+//! - `kernel`: which stage-1 path runs ([`CpuKernel`], the CPU's [`CpuFeatures`]).
+//! - `split_avx512`, `avx512` (x86-64): stage 1 with AVX-512 BF16 products.
+//! - `gemm`: the safe wrapper of the f32 GEMM the portable path's products use.
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod combine;
 mod gemm;
 mod inputs;
+mod kernel;
 mod split;
+#[cfg(target_arch = "x86_64")]
+mod split_avx512;
 
 use half::{bf16, f16};
 
 use crate::args::{DecodeInputs, DecodeOutputs};
-use crate::config::DeviceInfo;
+use crate::config::{DeviceInfo, ValidConfig};
 use crate::dtype::ModelDtype;
 use crate::error::{Error, Result};
 use crate::plan::DecodePlan;
 
+use kernel::CpuPath;
+pub use kernel::{CpuFeatures, CpuKernel};
 pub use split::{HEAD_GROUP, KEY_CHUNK};
 
 /// The CPU backend; it owns the workspace memory.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CpuBackend {
     /// The workspace, as f32 (every view is f32 and 256-byte aligned, a multiple of 4).
     workspace: Vec<f32>,
+    /// The stage-1 path, resolved by [`CpuBackend::configure`].
+    path: CpuPath,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        CpuBackend {
+            workspace: Vec::new(),
+            path: CpuPath::Portable,
+        }
+    }
 }
 
 impl CpuBackend {
-    /// A backend with an empty workspace.
+    /// A backend with an empty workspace, on the portable path until configured.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Picks the stage-1 path for a configuration ([`crate::Tuning::cpu_kernel`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming `cpu_kernel` for a forced path this CPU lacks or that
+    /// cannot compute the configuration's numbers.
+    pub fn configure(&mut self, cfg: &ValidConfig) -> Result<()> {
+        self.path = CpuPath::resolve(cfg.tuning.cpu_kernel, cfg)?;
+        Ok(())
+    }
+
+    /// The stage-1 kernel that runs (never [`CpuKernel::Auto`]).
+    pub fn kernel(&self) -> CpuKernel {
+        self.path.kernel()
     }
 
     /// What the configuration is validated against: rayon's threads stand in for SMs.
@@ -76,7 +111,11 @@ impl CpuBackend {
         let part_o = &mut head[ro.offset / 4..(ro.offset + ro.bytes) / 4];
         let part_lse = &mut tail[..rl.bytes / 4];
 
-        split::run(plan, &src, part_o, part_lse);
+        let kv = inputs
+            .kv_cache
+            .host_bytes()
+            .ok_or_else(|| Error::memory("kv_cache", "expected a host tensor"))?;
+        split::run(plan, &src, self.path, kv, part_o, part_lse);
 
         let lse = outputs
             .lse

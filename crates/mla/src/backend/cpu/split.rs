@@ -21,6 +21,9 @@ use rayon::prelude::*;
 
 use super::gemm::{Mat, gemm};
 use super::inputs::HostInputs;
+use super::kernel::CpuPath;
+#[cfg(target_arch = "x86_64")]
+use super::split_avx512;
 use crate::dtype::{FP8_P_SCALE, round_e4m3};
 use crate::plan::{DecodePlan, KeyRange, split_range};
 
@@ -52,7 +55,7 @@ impl Numerics {
     }
 }
 
-/// Keys per softmax step. 256 beat 64 and 128 by 5-10% on a 2-core AVX-512 EPYC (the key
+/// Keys per softmax step of the portable path. 256 beat 64 and 128 by 5-10% on a 2-core AVX-512 EPYC (the key
 /// chunk, the scores and the accumulator still fit its 1 MB L2).
 pub const KEY_CHUNK: usize = 256;
 /// Heads per work item: all of them up to 128, so each key is decoded once per split and the
@@ -83,30 +86,73 @@ impl Scratch {
     }
 }
 
-/// Runs stage 1 for every (row, split) of the plan. `part_o` is `[rows, splits, H, L]`,
-/// `part_lse` `[rows, splits, H]`; empty splits are left as they are.
-pub fn run(plan: &DecodePlan, src: &HostInputs<'_>, part_o: &mut [f32], part_lse: &mut [f32]) {
-    let (h, l, d) = (plan.heads, plan.kv_lora_rank, plan.head_dim());
+/// Runs stage 1 for every (row, split) of the plan on `path`. `part_o` is
+/// `[rows, splits, H, L]`, `part_lse` `[rows, splits, H]`; empty splits are left as they are.
+pub fn run(
+    plan: &DecodePlan,
+    src: &HostInputs<'_>,
+    path: CpuPath,
+    kv: &[u8],
+    part_o: &mut [f32],
+    part_lse: &mut [f32],
+) {
+    let (d, l) = (plan.head_dim(), plan.kv_lora_rank);
+    match path {
+        CpuPath::Portable => for_each_item(
+            plan,
+            src,
+            part_o,
+            part_lse,
+            || Scratch::new(d, l),
+            |sc, row, head0, keys, o, lse| attend(plan, src, row, head0, keys, sc, o, lse),
+        ),
+        #[cfg(target_arch = "x86_64")]
+        CpuPath::Avx512Bf16(token) => {
+            let cache = split_avx512::CacheRows::new(plan, src, kv);
+            let heads = plan.heads.min(HEAD_GROUP);
+            for_each_item(
+                plan,
+                src,
+                part_o,
+                part_lse,
+                || split_avx512::Scratch::new(plan, heads),
+                |sc, row, head0, keys, o, lse| {
+                    split_avx512::attend(token, plan, src, &cache, row, head0, keys, sc, o, lse)
+                },
+            )
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = kv;
+}
+
+/// Runs `item` on every work item (row, split, head group) in parallel, with one scratch
+/// per rayon job, not per item: a job walks many of them.
+fn for_each_item<S>(
+    plan: &DecodePlan,
+    src: &HostInputs<'_>,
+    part_o: &mut [f32],
+    part_lse: &mut [f32],
+    scratch: impl Fn() -> S + Sync + Send,
+    item: impl Fn(&mut S, usize, usize, KeyRange, &mut [f32], &mut [f32]) + Sync + Send,
+) {
+    let (h, l) = (plan.heads, plan.kv_lora_rank);
     let splits = plan.num_kv_splits;
     part_o
         .par_chunks_mut(h * l)
         .zip(part_lse.par_chunks_mut(h))
         .enumerate()
-        // One scratch per rayon job, not per (row, split): a job walks many of them.
-        .for_each_init(
-            || Scratch::new(d, l),
-            |scratch, (rs, (o, lse))| {
-                let (row, s) = (rs / splits, rs % splits);
-                let keys = split_range(src.row_keys(plan, row), s, splits);
-                if keys.is_empty() {
-                    return;
-                }
-                let groups = o.chunks_mut(HEAD_GROUP * l).zip(lse.chunks_mut(HEAD_GROUP));
-                for (g, (o, lse)) in groups.enumerate() {
-                    attend(plan, src, row, g * HEAD_GROUP, keys, scratch, o, lse);
-                }
-            },
-        );
+        .for_each_init(scratch, |sc, (rs, (o, lse))| {
+            let (row, s) = (rs / splits, rs % splits);
+            let keys = split_range(src.row_keys(plan, row), s, splits);
+            if keys.is_empty() {
+                return;
+            }
+            let groups = o.chunks_mut(HEAD_GROUP * l).zip(lse.chunks_mut(HEAD_GROUP));
+            for (g, (o, lse)) in groups.enumerate() {
+                item(sc, row, g * HEAD_GROUP, keys, o, lse);
+            }
+        });
 }
 
 /// One work item: heads `head0..head0 + lse.len()` of `row` over `keys`.
@@ -184,14 +230,27 @@ fn attend(
         );
     }
 
-    for i in 0..hg {
-        let li = sc.l[i];
-        for (dst, a) in o[i * l..(i + 1) * l]
-            .iter_mut()
-            .zip(&sc.acc[i * l..(i + 1) * l])
-        {
-            *dst = a * num.out_scale / li;
+    write_partial(&sc.acc, l, &sc.m, &sc.l, num.out_scale, l, o, lse);
+}
+
+/// The partial output `acc * out_scale / l` (the first `width` values of each accumulator
+/// row, rows `acc_stride` apart) and its LSE `m + ln(l)`, for the heads of `lse`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn write_partial(
+    acc: &[f32],
+    acc_stride: usize,
+    m: &[f32],
+    l: &[f32],
+    out_scale: f32,
+    width: usize,
+    o: &mut [f32],
+    lse: &mut [f32],
+) {
+    for (i, lse_i) in lse.iter_mut().enumerate() {
+        let acc_i = &acc[i * acc_stride..i * acc_stride + width];
+        for (dst, a) in o[i * width..(i + 1) * width].iter_mut().zip(acc_i) {
+            *dst = a * out_scale / l[i];
         }
-        lse[i] = sc.m[i] + li.ln();
+        *lse_i = m[i] + l[i].ln();
     }
 }
