@@ -346,3 +346,21 @@ def test_nvrtc_is_loaded_from_its_wheel_without_torch_or_ld_library_path():
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr
+
+
+def test_precompile_names_a_bad_architecture():
+    with pytest.raises(ValueError, match="arch"):
+        mla_rs.precompile(["sm_x"])
+
+
+def test_python_m_mla_rs_precompile_reports_a_bad_architecture_and_exits_2():
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "mla_rs", "precompile", "--arch", "nonsense"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2, r
+    assert "arch" in r.stderr

@@ -18,7 +18,7 @@ from . import _nvrtc
 
 _nvrtc.preload()  # before the extension first compiles a kernel
 
-from ._mla_rs import MlaDecode, __version__  # noqa: E402
+from ._mla_rs import MlaDecode, __version__, precompile  # noqa: E402
 from .vllm import decode_attention_fwd  # noqa: E402
 
-__all__ = ["MlaDecode", "decode_attention_fwd", "__version__"]
+__all__ = ["MlaDecode", "decode_attention_fwd", "precompile", "__version__"]

@@ -2,6 +2,19 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 __version__: str
 
+def precompile(
+    arch: Sequence[str] = ..., use_cache: bool = ...
+) -> Sequence[Tuple[str, str, str, Optional[int], Optional[int], bool]]:
+    """Build every GPU kernel ahead of time into the disk cache (``MLA_CACHE_DIR``, else
+    ``~/.cache/mla``), as ``mla precompile`` does.
+
+    On CUDA device 0 when ``arch`` is empty, else for each named architecture (``"sm_80"``,
+    ``"sm_90a"``, ...) without a device (libnvrtc is enough). ``use_cache=False`` compiles every
+    kernel afresh so that each reports its registers and spills. Returns one tuple per kernel:
+    ``(arch, kernel, defines, registers or None, spilled bytes or None, from_cache)``.
+    Raises ``RuntimeError`` without NVRTC or a device, ``ValueError`` for a bad ``arch``.
+    """
+
 class MlaDecode:
     """MLA decode over a paged latent KV cache on the tensors' CUDA device."""
 
