@@ -1,6 +1,7 @@
-//! Where a token of a request lives under decode context parallelism (DESIGN.md section 2):
-//! the KV cache is dealt out to N ranks in interleaved chunks of I tokens. Pure arithmetic,
-//! the same on the host as in `kernels/dcp/kernel.cu`'s `dcp_local_seq_lens`.
+//! Where a token of a request lives under decode context parallelism (docs/contract.md,
+//! "Decode context parallelism"): the KV cache is dealt out to N ranks in interleaved chunks of
+//! I tokens. Pure arithmetic, the same on the host as in `kernels/dcp/kernel.cu`'s
+//! `dcp_local_seq_lens`.
 
 use crate::error::{Error, Result};
 

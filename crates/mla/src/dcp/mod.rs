@@ -1,4 +1,4 @@
-//! Decode context parallelism (DCP, DESIGN.md section 2; docs/dcp.md): the KV cache of each
+//! Decode context parallelism (DCP; docs/contract.md and docs/dcp.md): the KV cache of each
 //! request is dealt out to N GPUs in interleaved chunks of I tokens, every GPU attends all
 //! H N query heads over its own keys, and the ranks merge their (o, lse) by LSE over NCCL so
 //! that each keeps its H heads.

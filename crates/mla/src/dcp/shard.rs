@@ -1,7 +1,7 @@
 //! Sharding a generated problem over DCP ranks, for tests and `mla bench --dcp`: rank r's
-//! problem holds the tokens it owns (DESIGN.md section 2) at their local positions, in a
-//! cache and block table of its own, with its local lengths. The query (all H N heads) is
-//! the same on every rank.
+//! problem holds the tokens it owns (docs/contract.md, "Decode context parallelism") at their
+//! local positions, in a cache and block table of its own, with its local lengths. The query
+//! (all H N heads) is the same on every rank.
 
 use crate::dcp::layout::DcpLayout;
 use crate::error::{Error, Result};
