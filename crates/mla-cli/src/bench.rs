@@ -17,6 +17,7 @@ use mla::{CacheDtype, Mask, MlaConfig, MlaDecode, ModelDtype};
 use serde::Serialize;
 
 use crate::BackendArg;
+use crate::timing::{Timed, median};
 
 /// Requests whose rows are checked against the reference.
 const CHECK_REQUESTS: usize = 4;
@@ -272,14 +273,6 @@ pub fn run(args: &BenchArgs) -> mla::Result<()> {
     Ok(())
 }
 
-/// What one timing run gave: the plan, the checked run's outputs (dense, f32) and the time.
-pub struct Timed {
-    pub plan: mla::DecodePlan,
-    pub o: Vec<f32>,
-    pub lse: Vec<f32>,
-    pub secs: f64,
-}
-
 /// A case's decoder configuration (DeepSeek's scale) and its cache dtype.
 fn config(case: &Case) -> mla::Result<(MlaConfig, CacheDtype)> {
     let cache = cache_dtype(&case.kv_dtype)?;
@@ -427,12 +420,6 @@ fn time_cpu(dec: &mut MlaDecode, problem: &Problem, iters: usize) -> mla::Result
         lse,
         secs: median(times),
     })
-}
-
-/// The median of timings (the upper one of an even count); NaN for none.
-pub fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Bytes a decode must move (each request's keys once, q in, o out) and the FLOPs of its two

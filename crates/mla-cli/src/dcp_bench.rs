@@ -17,7 +17,7 @@ use mla::synth::Problem;
 use mla::synth::device::DeviceOutputs;
 use mla::{Error, MlaConfig, MlaDecode};
 
-use crate::bench::median;
+use crate::timing::median;
 
 /// What one rank measured: median attention and total microseconds, its checked output.
 struct RankTimes {

@@ -11,7 +11,7 @@ use mla::synth::Problem;
 use mla::synth::device::DeviceOutputs;
 use mla::{DecodeInputs, DecodePlan, Error, MlaDecode};
 
-use crate::bench::{Timed, median};
+use crate::timing::{Timed, median};
 
 /// Captures `n` decodes in one graph.
 fn capture(

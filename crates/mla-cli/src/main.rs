@@ -14,6 +14,7 @@ mod dcp_bench;
 mod gpu_timing;
 mod info;
 mod precompile;
+mod timing;
 
 use std::process::ExitCode;
 

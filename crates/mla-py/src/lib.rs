@@ -22,11 +22,7 @@ type BuildRow = (String, String, String, Option<u32>, Option<u32>, bool);
 /// kernel: (arch, kernel, defines, registers or None, spilled bytes or None, from the cache).
 #[pyfunction]
 #[pyo3(signature = (arch = Vec::new(), use_cache = true))]
-fn precompile(
-    py: Python<'_>,
-    arch: Vec<String>,
-    use_cache: bool,
-) -> PyResult<Vec<BuildRow>> {
+fn precompile(py: Python<'_>, arch: Vec<String>, use_cache: bool) -> PyResult<Vec<BuildRow>> {
     let builds = py
         .detach(|| {
             if arch.is_empty() {
