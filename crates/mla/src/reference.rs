@@ -108,14 +108,19 @@ pub fn decode_f64(
     let [_, page_size, _] = inputs.kv_cache.shape();
     let [page_stride, token_stride, _] = inputs.kv_cache.strides();
     let bt_stride = inputs.block_table.strides()[0];
+    let lens_stride = inputs.seq_lens.strides()[0];
     let num_blocks = inputs.kv_cache.shape()[0];
 
     let per_row: Vec<Result<(Vec<f64>, Vec<f64>)>> = (0..rows)
         .into_par_iter()
         .map(|row| {
             let (req, t) = (row / ql, row % ql);
-            let len = usize::try_from(*lens.get(req).ok_or_else(|| oob("a seq_len"))?)
-                .map_err(|_| oob("a negative seq_len"))?;
+            let len = usize::try_from(
+                *lens
+                    .get(req * lens_stride)
+                    .ok_or_else(|| oob("a seq_len"))?,
+            )
+            .map_err(|_| oob("a negative seq_len"))?;
             // The contract, written out: causal rows end at their own token.
             let end = match inputs.mask {
                 Mask::Causal => len.saturating_sub(ql - 1 - t),
