@@ -377,6 +377,63 @@ impl Problem {
     }
 }
 
+/// Planted values: one element of q or of a key set by hand (a NaN, an outlier), after the
+/// draw.
+impl Problem {
+    /// Sets element `col` of q's row `row`, head `head` to `value` (rounded to the model
+    /// dtype).
+    ///
+    /// # Errors
+    /// [`crate::Error::Memory`] when the element is outside q.
+    pub fn set_q(&mut self, row: usize, head: usize, col: usize, value: f32) -> Result<()> {
+        let (h, d) = (self.spec.heads, self.head_dim());
+        if row >= self.rows() || head >= h || col >= d {
+            return Err(Error::memory(
+                "set_q",
+                format!(
+                    "element ({row}, {head}, {col}) is outside q [{}, {h}, {d}]",
+                    self.rows()
+                ),
+            ));
+        }
+        let at = (row * h + head) * d + col;
+        match &mut self.q {
+            HalfBuf::Bf16(v) => v[at] = bf16::from_f32(value),
+            HalfBuf::F16(v) => v[at] = f16::from_f32(value),
+        }
+        Ok(())
+    }
+
+    /// Sets element `col` of key `pos` of request `request` (in the page the block table
+    /// maps it to) so that it decodes to about `value`: stored as `value / k_scale`, rounded
+    /// to the cache format, as the drawn values are.
+    ///
+    /// # Errors
+    /// [`crate::Error::Memory`] when the key is past the block table or `col` past a row.
+    pub fn set_key(&mut self, request: usize, pos: usize, col: usize, value: f32) -> Result<()> {
+        let ps = self.spec.page_size;
+        let entry =
+            (request < self.seq_lens.len() && pos / ps < self.max_blocks && col < self.head_dim())
+                .then(|| self.block_table[request * self.max_blocks + pos / ps]);
+        let block = entry.and_then(|b| usize::try_from(b).ok()).ok_or_else(|| {
+            Error::memory(
+                "set_key",
+                format!("key {pos} of request {request}, element {col}, is outside the cache"),
+            )
+        })?;
+        let (token_stride, page_stride) = self.spec.strides();
+        let at = block * page_stride + (pos % ps) * token_stride + col;
+        let stored = value / self.spec.k_scale;
+        match &mut self.kv {
+            CacheBuf::Half(HalfBuf::Bf16(v)) => v[at] = bf16::from_f32(stored),
+            CacheBuf::Half(HalfBuf::F16(v)) => v[at] = f16::from_f32(stored),
+            CacheBuf::Fp8(v, DType::F8E5M2) => v[at] = F8E5M2::from_f32(stored).to_bits(),
+            CacheBuf::Fp8(v, _) => v[at] = F8E4M3::from_f32(stored).to_bits(),
+        }
+        Ok(())
+    }
+}
+
 impl ProblemSpec {
     /// The same problem with a model dtype and a cache format; an fp8 cache gets k_scale 0.5
     /// (so that a wrong scale shows), a 16-bit one 1. What the tests and `mla bench` draw.

@@ -5,6 +5,7 @@
 pub mod dcp;
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod nan;
 
 use mla::reference::{self, Accuracy};
 use mla::synth::{Outputs, Problem, ProblemSpec};
