@@ -312,6 +312,8 @@ impl MlaConfig {
             ("kv_lora_rank", self.kv_lora_rank),
             ("qk_rope_head_dim", self.qk_rope_head_dim),
             ("dcp_world_size", self.dcp_world_size),
+            // The split rules multiply it (2 x SMs, CTAs an SM x SMs).
+            ("split_units", self.split_units.unwrap_or(0)),
         ] {
             if v > LIMIT {
                 return Err(Error::config(

@@ -798,3 +798,34 @@ fn a_k_scale_tensor_replaces_the_value_and_is_checked() {
 fn a_q_scale_tensor_replaces_the_value_and_is_checked() {
     a_scale_tensor_replaces_the_value_and_is_checked(Scale::Q);
 }
+
+#[test]
+fn split_units_are_bounded_where_the_split_rules_cannot_overflow() {
+    for (units, ok) in [(1 << 16, true), ((1 << 16) + 1, false), (usize::MAX, false)] {
+        let mut cfg = MlaConfig::new(H, 0.1);
+        cfg.split_units = Some(units);
+        match MlaDecode::new(&cfg, Device::Cpu) {
+            Ok(mut dec) => {
+                assert!(ok, "split_units {units} accepted");
+                // The largest accepted count decodes (vLLM's rule: 2 x units, then the
+                // lengths decide).
+                let p = problem(&[2000, 5], 1);
+                let mut out = Outputs::poisoned(&p);
+                let inputs = p.inputs().unwrap();
+                dec.forward(&inputs, &mut out.views().unwrap()).unwrap();
+                let r = mla::reference::decode_f64(dec.config(), &inputs, None).unwrap();
+                common::assert_accurate(
+                    &common::Case::new(p.spec.clone()),
+                    r.accuracy(&out.o.to_f32(), &out.lse),
+                );
+            }
+            Err(e) => {
+                assert!(!ok, "split_units {units} refused: {e}");
+                assert_eq!(
+                    message(&e),
+                    format!("split_units: expected at most 65536, got {units}")
+                );
+            }
+        }
+    }
+}
