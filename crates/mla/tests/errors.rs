@@ -829,3 +829,28 @@ fn split_units_are_bounded_where_the_split_rules_cannot_overflow() {
         }
     }
 }
+
+#[test]
+fn scales_the_kernels_cannot_compute_with_are_refused() {
+    for scale in [3e38, 1024.5, f32::INFINITY, 0.0, -0.1] {
+        let e = MlaDecode::new(&MlaConfig::new(H, scale), Device::Cpu).unwrap_err();
+        assert_eq!(
+            message(&e),
+            format!("scale: expected a finite value in (0, 1024], got {scale}")
+        );
+    }
+    // The largest accepted scale computes what the f64 reference does.
+    let p = problem(&[300, 17], 1);
+    let mut dec = MlaDecode::new(&MlaConfig::new(H, 1024.0), Device::Cpu).unwrap();
+    let inputs = p.inputs().unwrap();
+    let mut out = Outputs::poisoned(&p);
+    dec.forward(&inputs, &mut out.views().unwrap()).unwrap();
+    let r = mla::reference::decode_f64(dec.config(), &inputs, None).unwrap();
+    let a = r.accuracy(&out.o.to_f32(), &out.lse);
+    // Scores of about 1e4: the LSE keeps f32's relative precision over a 576-term dot.
+    let largest = r.lse.iter().fold(0f64, |m, x| m.max(x.abs()));
+    assert!(
+        a.o_rel <= common::O_TOL && a.lse_abs <= 1e-5 * largest,
+        "{a:?} (largest lse {largest})"
+    );
+}
