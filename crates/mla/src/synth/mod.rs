@@ -515,7 +515,16 @@ mod tests {
     fn a_problem_too_large_for_memory_is_an_error_not_an_abort() {
         // 8 requests of 2^30 keys: a cache of about 10 TB.
         let e = Problem::generate(&ProblemSpec::new(8, vec![1 << 30; 8])).unwrap_err();
-        assert!(matches!(e, Error::Alloc { what: "problem", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::Alloc {
+                    what: "problem",
+                    ..
+                }
+            ),
+            "{e}"
+        );
         // More blocks than i32 block ids can name.
         let mut spec = ProblemSpec::new(1, vec![i32::MAX as usize; 2]);
         spec.page_size = 1;
