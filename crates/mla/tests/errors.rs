@@ -65,6 +65,18 @@ fn expect_err_on<'a>(
     );
 }
 
+/// Asserts that a decode that went through computed what the f64 reference does with the
+/// same inputs, head by head (an argument it must ignore really was ignored).
+fn assert_matches_reference(dec: &MlaDecode, inputs: &DecodeInputs<'_>, out: &Outputs) {
+    let r = mla::reference::decode_f64(dec.config(), inputs, None).unwrap();
+    let o = out.o.to_f32();
+    let worst = common::worst_head(&r, &o, &out.lse);
+    assert!(
+        worst.o_rel <= common::O_TOL && worst.lse_abs <= common::LSE_TOL,
+        "worst head {worst:?}"
+    );
+}
+
 fn message(e: &Error) -> String {
     e.to_string()
 }
@@ -192,10 +204,9 @@ fn k_scale_is_ignored_for_16_bit_caches() {
         k_scale: 0.0,
         ..p.inputs().unwrap()
     };
-    decoder()
-        .forward(&inputs, &mut out.views().unwrap())
-        .unwrap();
-    assert!(out.lse.iter().all(|x| x.is_finite()));
+    let mut dec = decoder();
+    dec.forward(&inputs, &mut out.views().unwrap()).unwrap();
+    assert_matches_reference(&dec, &p.inputs().unwrap(), &out);
 }
 
 #[test]
@@ -492,7 +503,7 @@ fn unread_block_table_entries_may_hold_anything() {
     };
     let mut out = Outputs::poisoned(&p);
     dec.forward(&inputs, &mut out.views().unwrap()).unwrap();
-    assert!(out.lse.iter().all(|x| x.is_finite()));
+    assert_matches_reference(&dec, &inputs, &out);
 }
 
 #[test]
@@ -611,15 +622,44 @@ fn warmup_needs_a_reservation_and_the_configured_cache() {
 }
 
 #[test]
-fn cuda_without_the_feature_is_a_clear_error() {
-    let e = MlaDecode::new(&MlaConfig::new(H, 0.1), Device::Cuda(0)).unwrap_err();
-    assert!(
-        matches!(e, Error::CudaNotCompiled | Error::NoCudaDevice(_)),
-        "{e}"
-    );
-    // Auto falls back to the CPU.
+fn a_cuda_decoder_decodes_on_a_gpu_or_is_a_clear_error() {
+    let opened = match MlaDecode::new(&MlaConfig::new(H, 0.1), Device::Cuda(0)) {
+        Err(e) => {
+            assert!(
+                matches!(e, Error::CudaNotCompiled | Error::NoCudaDevice(_)),
+                "{e}"
+            );
+            false
+        }
+        Ok(mut dec) => {
+            // A usable GPU: the decoder is the CUDA one, refuses host tensors, and decodes
+            // device ones as the reference does.
+            assert_eq!(dec.backend_name(), "cuda");
+            let p = problem(&[20, 5], 1);
+            expect_err_on(&mut dec, &p, |_| {}, is!(Error::WrongDevice { .. }));
+            #[cfg(feature = "cuda")]
+            {
+                use common::gpu::{DeviceOutputs, stream};
+                let s = stream(&dec);
+                let dp = p.to_device(&s).unwrap();
+                let mut out = DeviceOutputs::poisoned(&s, &p).unwrap();
+                dec.forward(&dp.inputs(&p, false).unwrap(), &mut out.views().unwrap())
+                    .unwrap();
+                let (o, lse) = out.download(&s).unwrap();
+                let r =
+                    mla::reference::decode_f64(dec.config(), &p.inputs().unwrap(), None).unwrap();
+                let worst = common::worst_head(&r, &o, &lse);
+                assert!(
+                    worst.o_rel <= common::O_TOL && worst.lse_abs <= common::LSE_TOL,
+                    "worst head {worst:?}"
+                );
+            }
+            true
+        }
+    };
+    // Auto takes the GPU where one opens, else falls back to the CPU.
     let dec = MlaDecode::new(&MlaConfig::new(H, 0.1), Device::Auto).unwrap();
-    assert!(["cpu", "cuda"].contains(&dec.backend_name()));
+    assert_eq!(dec.backend_name(), if opened { "cuda" } else { "cpu" });
 }
 
 #[test]
@@ -696,7 +736,7 @@ fn q_scale_is_checked_in_the_fp8_query_mode_only() {
         ..p.inputs().unwrap()
     };
     plain.forward(&inputs, &mut out.views().unwrap()).unwrap();
-    assert!(out.lse.iter().all(|x| x.is_finite()));
+    assert_matches_reference(&plain, &p.inputs().unwrap(), &out);
 }
 
 /// A per-tensor scale of the inputs.
