@@ -156,12 +156,21 @@ pub fn worst_head(r: &Reference, o: &[f32], lse: &[f32]) -> Accuracy {
 
 /// Asserts the per-(row, head) tolerances of a case on its worst head.
 pub fn assert_heads_accurate(case: &Case, worst: Accuracy, what: &str) {
-    let (o_tol, lse_tol) = case.head_tolerances();
+    assert_within(
+        case,
+        worst,
+        case.head_tolerances(),
+        &format!("{what}: worst head "),
+    );
+}
+
+/// Asserts `a` within (o, lse) tolerances; `what` starts the message.
+fn assert_within(case: &Case, a: Accuracy, (o_tol, lse_tol): (f64, f64), what: &str) {
     assert!(
-        worst.o_rel <= o_tol && worst.lse_abs <= lse_tol,
-        "{what}: worst head o_rel {:.3e} (tol {o_tol:e}), lse_abs {:.3e} (tol {lse_tol:e}) for {case:#?}",
-        worst.o_rel,
-        worst.lse_abs
+        a.o_rel <= o_tol && a.lse_abs <= lse_tol,
+        "{what}o_rel {:.3e} (tol {o_tol:e}), lse_abs {:.3e} (tol {lse_tol:e}) for {case:#?}",
+        a.o_rel,
+        a.lse_abs
     );
 }
 
@@ -220,13 +229,7 @@ pub fn run_case_with(
 
 /// Asserts the contract's tolerances.
 pub fn assert_accurate(case: &Case, a: Accuracy) {
-    let (o_tol, lse_tol) = case.tolerances();
-    assert!(
-        a.o_rel <= o_tol && a.lse_abs <= lse_tol,
-        "o_rel {:.3e} (tol {o_tol:e}), lse_abs {:.3e} (tol {lse_tol:e}) for {case:#?}",
-        a.o_rel,
-        a.lse_abs
-    );
+    assert_within(case, a, case.tolerances(), "");
 }
 
 /// A compact spec for hand-written cases.
