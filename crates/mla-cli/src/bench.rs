@@ -320,8 +320,69 @@ fn measure(case: &Case, backend: BackendArg, iters: usize, seed: u64) -> mla::Re
     })
 }
 
+/// Bytes of the host buffers a case allocates: q, the cache, the block table (and the
+/// shuffled block ids it is cut from), o and lse with their f32 copies. None when it overflows.
+fn host_bytes(case: &Case, cache: CacheDtype) -> Option<usize> {
+    let spec = ProblemSpec::new(case.heads, Vec::new());
+    let (l, d) = (spec.kv_lora_rank, spec.kv_lora_rank + spec.rope_dim);
+    let kv_elem = cache.resolve(ModelDtype::Bf16).ok()?.size();
+    let rows = case.batch.checked_mul(case.query_len)?;
+    let heads = rows.checked_mul(case.heads)?;
+    let blocks = case
+        .ctx
+        .div_ceil(case.page)
+        .max(1)
+        .checked_mul(case.batch)?
+        .checked_add(spec.spare_blocks)?;
+    let kv = blocks
+        .checked_mul(case.page)?
+        .checked_mul(d)?
+        .checked_mul(kv_elem)?;
+    let q = heads.checked_mul(d)?.checked_mul(2)?;
+    let o = heads.checked_mul(l)?.checked_mul(2 + 4)?;
+    let lse = heads.checked_mul(4 + 4)?;
+    [kv, q, o, lse, blocks.checked_mul(8)?]
+        .into_iter()
+        .try_fold(0usize, usize::checked_add)
+}
+
+/// The machine's memory in bytes (Linux's MemTotal); None where it is not known.
+fn total_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// A case whose buffers cannot fit in this machine's memory is an error naming the flags
+/// that size it, before anything is allocated (an allocation that fails aborts the process).
+fn check_host_memory(case: &Case, cache: CacheDtype) -> mla::Result<()> {
+    let need = host_bytes(case, cache);
+    let memory = total_memory();
+    if need.is_some_and(|n| memory.is_none_or(|m| n <= m)) {
+        return Ok(());
+    }
+    let need = need.map_or("more bytes than usize holds".to_owned(), |n| {
+        format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64)
+    });
+    let here = memory.map_or(String::new(), |m| {
+        format!(
+            ", more than this machine's {:.1} GiB",
+            m as f64 / (1u64 << 30) as f64
+        )
+    });
+    Err(mla::Error::InvalidConfig {
+        field: "--batch, --ctx",
+        reason: format!(
+            "--batch {} x --ctx {} (--heads {}, --query-len {}, --page {}) needs {need} of host memory{here}",
+            case.batch, case.ctx, case.heads, case.query_len, case.page
+        ),
+    })
+}
+
 /// The random problem of a case.
 fn generate(case: &Case, cache: CacheDtype, seed: u64) -> mla::Result<Problem> {
+    check_host_memory(case, cache)?;
     let lens = ProblemSpec::lengths(case.batch, case.ctx, case.varlen, seed);
     let mut spec = ProblemSpec::new(case.heads, lens);
     spec.page_size = case.page;

@@ -162,3 +162,21 @@ fn info_lists_the_backends_and_split_counts() {
         "{stdout}"
     );
 }
+
+#[test]
+fn a_bench_too_large_for_memory_is_an_error_naming_its_flags() {
+    for args in [
+        ["bench", "--ctx", "2000000000", "--heads", "8"],
+        ["bench", "--batch", "100000000", "--heads", "8"],
+    ] {
+        let out = mla(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "mla {args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(err.contains(args[2]), "{err}");
+        assert!(
+            err.contains("--batch, --ctx: ") && err.contains("of host memory"),
+            "{err}"
+        );
+    }
+}

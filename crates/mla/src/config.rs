@@ -378,10 +378,18 @@ impl MlaConfig {
         if self.kv_lora_rank == 0 {
             return Err(Error::config("kv_lora_rank", "expected at least 1, got 0"));
         }
-        if !(self.scale.is_finite() && self.scale > 0.0) {
+        // The GPU kernels fold log2(e) into the scale and multiply the scores by it in f32.
+        // Up to 1024 that product stays finite for every |q.k| < 2.3e35: f16 q and keys give
+        // at most 576 x 65504^2 = 2.5e12, and bf16 values large enough to overflow overflow
+        // q.k itself. Above it a finite problem could give inf scores and NaN rows.
+        const MAX_SCALE: f32 = 1024.0;
+        if !(self.scale.is_finite() && self.scale > 0.0 && self.scale <= MAX_SCALE) {
             return Err(Error::config(
                 "scale",
-                format!("expected a finite value > 0, got {}", self.scale),
+                format!(
+                    "expected a finite value in (0, {MAX_SCALE}], got {}",
+                    self.scale
+                ),
             ));
         }
         if self.sliding_window == Some(0) {
@@ -397,6 +405,8 @@ impl MlaConfig {
             ("kv_lora_rank", self.kv_lora_rank),
             ("qk_rope_head_dim", self.qk_rope_head_dim),
             ("dcp_world_size", self.dcp_world_size),
+            // The split rules multiply it (2 x SMs, CTAs an SM x SMs).
+            ("split_units", self.split_units.unwrap_or(0)),
         ] {
             if v > LIMIT {
                 return Err(Error::config(

@@ -108,14 +108,19 @@ pub fn decode_f64(
     let [_, page_size, _] = inputs.kv_cache.shape();
     let [page_stride, token_stride, _] = inputs.kv_cache.strides();
     let bt_stride = inputs.block_table.strides()[0];
+    let lens_stride = inputs.seq_lens.strides()[0];
     let num_blocks = inputs.kv_cache.shape()[0];
 
     let per_row: Vec<Result<(Vec<f64>, Vec<f64>)>> = (0..rows)
         .into_par_iter()
         .map(|row| {
             let (req, t) = (row / ql, row % ql);
-            let len = usize::try_from(*lens.get(req).ok_or_else(|| oob("a seq_len"))?)
-                .map_err(|_| oob("a negative seq_len"))?;
+            let len = usize::try_from(
+                *lens
+                    .get(req * lens_stride)
+                    .ok_or_else(|| oob("a seq_len"))?,
+            )
+            .map_err(|_| oob("a negative seq_len"))?;
             // The contract, written out: causal rows end at their own token.
             let end = match inputs.mask {
                 Mask::Causal => len.saturating_sub(ql - 1 - t),
@@ -205,20 +210,25 @@ fn dot(q: &[f64], k: &[f32]) -> f64 {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Accuracy {
     /// `||o - ref|| / ||ref||` over the rows compared (the absolute norm when ref is zero);
-    /// infinite if o holds a NaN or an infinity.
+    /// infinite if o holds a NaN or an infinity where the reference does not (a NaN where
+    /// the reference is NaN is exact: a NaN in q or in a key read).
     pub o_rel: f64,
-    /// Largest `|lse - ref|`; infinite if one side is -inf and the other is not, or NaN.
+    /// Largest `|lse - ref|`; infinite if one side is -inf and the other is not, or one side
+    /// is NaN and the other is not.
     pub lse_abs: f64,
 }
 
-impl Reference {
-    /// Compares dense outputs, `o` as `[rows, H, L]` and `lse` as `[rows, H]` (at least the
-    /// reference's rows; extra rows are ignored).
-    pub fn accuracy(&self, o: &[f32], lse: &[f32]) -> Accuracy {
+impl Accuracy {
+    /// `o` against `want` and `lse` against `want_lse`, element by element (the shorter of
+    /// each pair decides how many).
+    fn of(o: &[f32], want: &[f64], lse: &[f32], want_lse: &[f64]) -> Accuracy {
         let (mut diff, mut norm, mut bad) = (0f64, 0f64, false);
-        for (&x, &want) in o.iter().zip(&self.o) {
+        for (&x, &want) in o.iter().zip(want) {
             let x = x as f64;
-            bad |= !x.is_finite();
+            if x.is_nan() && want.is_nan() {
+                continue;
+            }
+            bad |= !x.is_finite() || !want.is_finite();
             diff += (x - want) * (x - want);
             norm += want * want;
         }
@@ -229,10 +239,10 @@ impl Reference {
         } else {
             diff.sqrt()
         };
-        let lse_abs = lse.iter().zip(&self.lse).fold(0f64, |worst, (&x, &want)| {
+        let lse_abs = lse.iter().zip(want_lse).fold(0f64, |worst, (&x, &want)| {
             let x = x as f64;
-            let e = if x == want {
-                0.0 // both -inf, or equal
+            let e = if x == want || (x.is_nan() && want.is_nan()) {
+                0.0 // both -inf, both NaN, or equal
             } else if x.is_finite() && want.is_finite() {
                 (x - want).abs()
             } else {
@@ -241,6 +251,32 @@ impl Reference {
             worst.max(e)
         });
         Accuracy { o_rel, lse_abs }
+    }
+}
+
+impl Reference {
+    /// Compares dense outputs, `o` as `[rows, H, L]` and `lse` as `[rows, H]` (at least the
+    /// reference's rows; extra rows are ignored).
+    pub fn accuracy(&self, o: &[f32], lse: &[f32]) -> Accuracy {
+        Accuracy::of(o, &self.o, lse, &self.lse)
+    }
+
+    /// [`accuracy`](Self::accuracy) of each (row, head) on its own, `[rows, H]` row-major: a
+    /// wrong head or row shows even where the whole tensor's norm hides it. A head missing
+    /// from short outputs is infinitely wrong.
+    pub fn head_accuracy(&self, o: &[f32], lse: &[f32]) -> Vec<Accuracy> {
+        let l = self.kv_lora_rank;
+        (0..self.rows * self.heads)
+            .map(|i| match (o.get(i * l..(i + 1) * l), lse.get(i..i + 1)) {
+                (Some(o), Some(lse)) => {
+                    Accuracy::of(o, &self.o[i * l..(i + 1) * l], lse, &self.lse[i..i + 1])
+                }
+                _ => Accuracy {
+                    o_rel: f64::INFINITY,
+                    lse_abs: f64::INFINITY,
+                },
+            })
+            .collect()
     }
 }
 
@@ -281,6 +317,36 @@ mod tests {
                 .lse_abs
                 .is_infinite()
         );
+    }
+
+    #[test]
+    fn a_nan_where_the_reference_is_nan_is_exact_and_heads_are_measured_alone() {
+        let r = Reference {
+            rows: 1,
+            heads: 2,
+            kv_lora_rank: 2,
+            o: vec![f64::NAN, f64::NAN, 1.0, 1.0],
+            lse: vec![f64::NAN, 0.5],
+        };
+        let exact = Accuracy {
+            o_rel: 0.0,
+            lse_abs: 0.0,
+        };
+        let nan = f32::NAN;
+        assert_eq!(r.accuracy(&[nan, nan, 1.0, 1.0], &[nan, 0.5]), exact);
+        assert_eq!(
+            r.accuracy(&[0.0, 0.0, 1.0, 1.0], &[nan, 0.5]).o_rel,
+            f64::INFINITY
+        );
+        assert_eq!(
+            r.accuracy(&[nan, nan, 1.0, 1.0], &[0.0, 0.5]).lse_abs,
+            f64::INFINITY
+        );
+        let heads = r.head_accuracy(&[nan, nan, 1.5, 1.0], &[nan, 0.75]);
+        assert_eq!(heads[0], exact);
+        assert!((heads[1].o_rel - 0.5 / 2f64.sqrt()).abs() < 1e-12);
+        assert!((heads[1].lse_abs - 0.25).abs() < 1e-12);
+        assert_eq!(r.head_accuracy(&[nan, nan], &[nan])[1].o_rel, f64::INFINITY);
     }
 
     #[test]

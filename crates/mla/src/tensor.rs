@@ -169,13 +169,14 @@ fn span<const N: usize>(shape: [usize; N], strides: [usize; N]) -> Option<usize>
         })
 }
 
+/// The view's span if it fits in `len` elements.
 fn check_fits<const N: usize>(
     len: usize,
     shape: [usize; N],
     strides: [usize; N],
-) -> Result<(), String> {
+) -> Result<usize, String> {
     match span(shape, strides) {
-        Some(need) if need <= len => Ok(()),
+        Some(need) if need <= len => Ok(need),
         Some(need) => Err(format!(
             "view of shape {shape:?} and strides {strides:?} spans {need} elements but the slice holds {len}"
         )),
@@ -195,9 +196,11 @@ impl<'a, const N: usize> TensorRef<'a, N> {
         shape: [usize; N],
         strides: [usize; N],
     ) -> Result<Self> {
-        check_fits(data.len(), shape, strides).map_err(|r| Error::memory("tensor", r))?;
+        let span =
+            check_fits(data.len(), shape, strides).map_err(|r| Error::memory("tensor", r))?;
+        // Only the view's span is kept: nothing reads the caller's memory past the view.
         Ok(TensorRef {
-            data: Data::Host(bytemuck::cast_slice(data)),
+            data: Data::Host(bytemuck::cast_slice(&data[..span])),
             dtype: T::DTYPE,
             shape,
             strides,
@@ -240,18 +243,19 @@ impl<'a, const N: usize> TensorRef<'a, N> {
         strides: [usize; M],
     ) -> Result<TensorRef<'a, M>> {
         let have = span(self.shape, self.strides).unwrap_or(0);
-        let need = span(shape, strides).and_then(|n| n.checked_add(offset));
-        if need.is_none_or(|n| n > have) {
+        let end = span(shape, strides).and_then(|n| n.checked_add(offset));
+        let Some(end) = end.filter(|&n| n <= have) else {
             return Err(Error::memory(
                 "sub_view",
                 format!(
                     "{shape:?} with strides {strides:?} from element {offset} exceeds the view's {have} elements"
                 ),
             ));
-        }
+        };
         let size = self.dtype.size();
         let data = match self.data {
-            Data::Host(b) => Data::Host(&b[offset * size..]),
+            // In bounds: a host view holds exactly its span, and `end` is within it.
+            Data::Host(b) => Data::Host(&b[offset * size..end * size]),
             Data::Device {
                 ptr,
                 ordinal,
@@ -293,7 +297,8 @@ impl<'a, const N: usize> TensorRef<'a, N> {
         Self::device_view(usize::MAX, ptr, ordinal, dtype, shape, strides)
     }
 
-    /// The host bytes, from the first element; None for device memory.
+    /// The host bytes of the view's span, from its first element to its last (with the gaps
+    /// of a strided view), nothing past it; None for device memory.
     pub fn host_bytes(&self) -> Option<&'a [u8]> {
         match self.data {
             Data::Host(b) => Some(b),
@@ -301,7 +306,8 @@ impl<'a, const N: usize> TensorRef<'a, N> {
         }
     }
 
-    /// The host data as `T`; None for device memory or another dtype.
+    /// The host data of the view's span as `T` (as [`host_bytes`](Self::host_bytes)); None
+    /// for device memory or another dtype.
     pub fn host_slice<T: Element>(&self) -> Option<&'a [T]> {
         (T::DTYPE == self.dtype)
             .then(|| {
@@ -322,9 +328,11 @@ impl<'a, const N: usize> TensorMut<'a, N> {
         shape: [usize; N],
         strides: [usize; N],
     ) -> Result<Self> {
-        check_fits(data.len(), shape, strides).map_err(|r| Error::memory("tensor", r))?;
+        let span =
+            check_fits(data.len(), shape, strides).map_err(|r| Error::memory("tensor", r))?;
+        // Only the view's span is kept: nothing writes the caller's memory past the view.
         Ok(TensorMut {
-            data: DataMut::Host(bytemuck::cast_slice_mut(data)),
+            data: DataMut::Host(bytemuck::cast_slice_mut(&mut data[..span])),
             dtype: T::DTYPE,
             shape,
             strides,
@@ -360,7 +368,8 @@ impl<'a, const N: usize> TensorMut<'a, N> {
         Self::device_view(usize::MAX, ptr, ordinal, dtype, shape, strides)
     }
 
-    /// The host data as `T`; None for device memory or another dtype.
+    /// The host data of the view's span as `T`, nothing past its last element; None for
+    /// device memory or another dtype.
     pub fn host_slice_mut<T: Element>(&mut self) -> Option<&mut [T]> {
         match &mut self.data {
             DataMut::Host(b) if T::DTYPE == self.dtype => bytemuck::try_cast_slice_mut(b).ok(),
@@ -451,6 +460,28 @@ mod tests {
         );
         assert!(t.sub_view(0, [25], [1]).is_err());
         assert!(t.sub_view(0, [24], [1]).is_ok());
+    }
+
+    #[test]
+    fn a_host_view_holds_its_span_and_nothing_past_it() {
+        let v: Vec<i32> = (0..10).collect();
+        let t = TensorRef::contiguous(&v, [3]).unwrap();
+        assert_eq!(t.host_slice::<i32>().unwrap(), &[0, 1, 2]);
+        let strided = TensorRef::from_host(&v, [2, 2], [4, 1]).unwrap();
+        assert_eq!(strided.host_slice::<i32>().unwrap(), &[0, 1, 2, 3, 4, 5]);
+        let sub = strided.sub_view(1, [2], [4]).unwrap();
+        assert_eq!(sub.host_slice::<i32>().unwrap(), &[1, 2, 3, 4, 5]);
+        assert!(
+            strided
+                .sub_view(6, [0], [1])
+                .unwrap()
+                .host_bytes()
+                .unwrap()
+                .is_empty()
+        );
+        let mut w = vec![0f32; 10];
+        let mut t = TensorMut::from_host(&mut w, [2, 2], [3, 1]).unwrap();
+        assert_eq!(t.host_slice_mut::<f32>().unwrap().len(), 5);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Case, assert_accurate, cpu_kernels, formats, run_case, spec};
+use common::{Case, assert_accurate, cpu_kernels, formats, run_case, run_case_with, spec};
 use mla::reference::{self, Reference};
 use mla::synth::{CacheBuf, Outputs, Problem, ProblemSpec};
 use mla::{CpuKernel, Device, Error, KvFormat, Mask, MlaDecode, ModelDtype};
@@ -108,6 +108,61 @@ fn every_fixed_split_count_gives_the_same_rows() {
     }
 }
 
+/// Lengths at the edges on purpose: 0, 1, and either side of page boundaries (16, 64), the
+/// GPU kernels' 64-key tiles, the CPU backend's softmax steps (`KEY_CHUNK`, 256) and the split
+/// rule's 512 keys a split.
+const EDGE_LENS: &[usize] = &[
+    0, 1, 2, 15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025,
+];
+
+#[test]
+fn lengths_at_page_tile_and_split_edges() {
+    for page in [1, 16, 64] {
+        for (q_len, mask) in [(1, Mask::Causal), (3, Mask::Causal), (2, Mask::NonCausal)] {
+            for split_units in [None, Some(8)] {
+                let mut case = Case::new(spec(2, page, EDGE_LENS, q_len, mask));
+                case.split_units = split_units;
+                assert_accurate(&case, run_case(&case, Device::Cpu).accuracy);
+            }
+        }
+    }
+}
+
+/// Keys with a few huge elements, at positions that make a row's running maximum jump late
+/// (past the first softmax step, in a later split) and early: `(request, key)`.
+const OUTLIERS: &[(usize, usize)] = &[(1, 290), (2, 3), (2, 600), (3, 1299), (3, 257), (3, 700)];
+
+#[test]
+fn large_scores_and_outlier_keys() {
+    // Scales 20 and 50 times DeepSeek's 192^-0.5 and keys with elements of +-8 (the drawn
+    // ones are ~0.5): scores of about 100 apart, so that a softmax that mishandles its running
+    // maximum (a rescale skipped, a stale maximum) overflows or weighs the wrong keys.
+    let base = 192f32.powf(-0.5);
+    for factor in [20.0, 50.0] {
+        for (model, kv) in formats() {
+            for splits in [None, Some(1), Some(5)] {
+                let s = spec(4, 16, &[1, 300, 700, 1300], 1, Mask::Causal).with_format(model, kv);
+                let mut case = Case::new(s);
+                case.fixed_splits = splits;
+                let r = run_case_with(
+                    &case,
+                    Device::Cpu,
+                    |c| c.scale = base * factor,
+                    |p| {
+                        for (i, &(request, key)) in OUTLIERS.iter().enumerate() {
+                            let sign = if i % 2 == 0 { 8.0 } else { -8.0 };
+                            for col in [0, 5, 300, 520] {
+                                p.set_key(request, key, col, sign).unwrap();
+                            }
+                        }
+                    },
+                );
+                assert_accurate(&case, r.accuracy);
+            }
+        }
+    }
+}
+
 #[test]
 fn zero_length_rows_give_zero_and_minus_infinity() {
     let case = Case::new(spec(3, 16, &[0, 5, 0], 2, Mask::Causal));
@@ -201,10 +256,19 @@ prop_compose! {
         q_scale in proptest::sample::select(vec![1.0f32 / 64.0, 0.01, 1.0]),
         pads in (0usize..3, 0usize..70),
         len_draws in proptest::collection::vec(0.0f64..1.0, 4),
+        // Half the lengths at an edge on purpose (EDGE_LENS, within the case's budget).
+        edges in proptest::collection::vec(
+            proptest::option::of(proptest::sample::select(EDGE_LENS.to_vec())),
+            4,
+        ),
         seed in any::<u64>(),
     ) -> Case {
         let max_len = (1_500_000 / (heads * requests * q_len)).clamp(1, 3000);
-        let lens: Vec<usize> = len_draws[..requests].iter().map(|u| (u * max_len as f64) as usize).collect();
+        let lens: Vec<usize> = len_draws[..requests]
+            .iter()
+            .zip(&edges)
+            .map(|(u, edge)| edge.map_or((u * max_len as f64) as usize, |e| e.min(max_len)))
+            .collect();
         let mut s = spec(heads, page, &lens, q_len, if causal { Mask::Causal } else { Mask::NonCausal });
         s.model_dtype = model;
         s.kv_format = kv;

@@ -65,6 +65,17 @@ fn expect_err_on<'a>(
     );
 }
 
+/// Asserts that a decode that went through computed what the f64 reference does with the
+/// same inputs, head by head (an argument it must ignore really was ignored).
+fn assert_matches_reference(dec: &MlaDecode, inputs: &DecodeInputs<'_>, o: &[f32], lse: &[f32]) {
+    let r = mla::reference::decode_f64(dec.config(), inputs, None).unwrap();
+    let worst = common::worst_head(&r, o, lse);
+    assert!(
+        worst.o_rel <= common::O_TOL && worst.lse_abs <= common::LSE_TOL,
+        "worst head {worst:?}"
+    );
+}
+
 fn message(e: &Error) -> String {
     e.to_string()
 }
@@ -192,10 +203,9 @@ fn k_scale_is_ignored_for_16_bit_caches() {
         k_scale: 0.0,
         ..p.inputs().unwrap()
     };
-    decoder()
-        .forward(&inputs, &mut out.views().unwrap())
-        .unwrap();
-    assert!(out.lse.iter().all(|x| x.is_finite()));
+    let mut dec = decoder();
+    dec.forward(&inputs, &mut out.views().unwrap()).unwrap();
+    assert_matches_reference(&dec, &p.inputs().unwrap(), &out.o.to_f32(), &out.lse);
 }
 
 #[test]
@@ -492,7 +502,7 @@ fn unread_block_table_entries_may_hold_anything() {
     };
     let mut out = Outputs::poisoned(&p);
     dec.forward(&inputs, &mut out.views().unwrap()).unwrap();
-    assert!(out.lse.iter().all(|x| x.is_finite()));
+    assert_matches_reference(&dec, &inputs, &out.o.to_f32(), &out.lse);
 }
 
 #[test]
@@ -611,15 +621,38 @@ fn warmup_needs_a_reservation_and_the_configured_cache() {
 }
 
 #[test]
-fn cuda_without_the_feature_is_a_clear_error() {
-    let e = MlaDecode::new(&MlaConfig::new(H, 0.1), Device::Cuda(0)).unwrap_err();
-    assert!(
-        matches!(e, Error::CudaNotCompiled | Error::NoCudaDevice(_)),
-        "{e}"
-    );
-    // Auto falls back to the CPU.
+fn a_cuda_decoder_decodes_on_a_gpu_or_is_a_clear_error() {
+    let opened = match MlaDecode::new(&MlaConfig::new(H, 0.1), Device::Cuda(0)) {
+        Err(e) => {
+            assert!(
+                matches!(e, Error::CudaNotCompiled | Error::NoCudaDevice(_)),
+                "{e}"
+            );
+            false
+        }
+        Ok(mut dec) => {
+            // A usable GPU: the decoder is the CUDA one, refuses host tensors, and decodes
+            // device ones as the reference does.
+            assert_eq!(dec.backend_name(), "cuda");
+            let p = problem(&[20, 5], 1);
+            expect_err_on(&mut dec, &p, |_| {}, is!(Error::WrongDevice { .. }));
+            #[cfg(feature = "cuda")]
+            {
+                use common::gpu::{DeviceOutputs, stream};
+                let s = stream(&dec);
+                let dp = p.to_device(&s).unwrap();
+                let mut out = DeviceOutputs::poisoned(&s, &p).unwrap();
+                dec.forward(&dp.inputs(&p, false).unwrap(), &mut out.views().unwrap())
+                    .unwrap();
+                let (o, lse) = out.download(&s).unwrap();
+                assert_matches_reference(&dec, &p.inputs().unwrap(), &o, &lse);
+            }
+            true
+        }
+    };
+    // Auto takes the GPU where one opens, else falls back to the CPU.
     let dec = MlaDecode::new(&MlaConfig::new(H, 0.1), Device::Auto).unwrap();
-    assert!(["cpu", "cuda"].contains(&dec.backend_name()));
+    assert_eq!(dec.backend_name(), if opened { "cuda" } else { "cpu" });
 }
 
 #[test]
@@ -696,7 +729,7 @@ fn q_scale_is_checked_in_the_fp8_query_mode_only() {
         ..p.inputs().unwrap()
     };
     plain.forward(&inputs, &mut out.views().unwrap()).unwrap();
-    assert!(out.lse.iter().all(|x| x.is_finite()));
+    assert_matches_reference(&plain, &p.inputs().unwrap(), &out.o.to_f32(), &out.lse);
 }
 
 /// A per-tensor scale of the inputs.
@@ -797,4 +830,60 @@ fn a_k_scale_tensor_replaces_the_value_and_is_checked() {
 #[test]
 fn a_q_scale_tensor_replaces_the_value_and_is_checked() {
     a_scale_tensor_replaces_the_value_and_is_checked(Scale::Q);
+}
+
+#[test]
+fn split_units_are_bounded_where_the_split_rules_cannot_overflow() {
+    for (units, ok) in [(1 << 16, true), ((1 << 16) + 1, false), (usize::MAX, false)] {
+        let mut cfg = MlaConfig::new(H, 0.1);
+        cfg.split_units = Some(units);
+        match MlaDecode::new(&cfg, Device::Cpu) {
+            Ok(mut dec) => {
+                assert!(ok, "split_units {units} accepted");
+                // The largest accepted count decodes (vLLM's rule: 2 x units, then the
+                // lengths decide).
+                let p = problem(&[2000, 5], 1);
+                let mut out = Outputs::poisoned(&p);
+                let inputs = p.inputs().unwrap();
+                dec.forward(&inputs, &mut out.views().unwrap()).unwrap();
+                let r = mla::reference::decode_f64(dec.config(), &inputs, None).unwrap();
+                common::assert_accurate(
+                    &common::Case::new(p.spec.clone()),
+                    r.accuracy(&out.o.to_f32(), &out.lse),
+                );
+            }
+            Err(e) => {
+                assert!(!ok, "split_units {units} refused: {e}");
+                assert_eq!(
+                    message(&e),
+                    format!("split_units: expected at most 65536, got {units}")
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn scales_the_kernels_cannot_compute_with_are_refused() {
+    for scale in [3e38, 1024.5, f32::INFINITY, 0.0, -0.1] {
+        let e = MlaDecode::new(&MlaConfig::new(H, scale), Device::Cpu).unwrap_err();
+        assert_eq!(
+            message(&e),
+            format!("scale: expected a finite value in (0, 1024], got {scale}")
+        );
+    }
+    // The largest accepted scale computes what the f64 reference does.
+    let p = problem(&[300, 17], 1);
+    let mut dec = MlaDecode::new(&MlaConfig::new(H, 1024.0), Device::Cpu).unwrap();
+    let inputs = p.inputs().unwrap();
+    let mut out = Outputs::poisoned(&p);
+    dec.forward(&inputs, &mut out.views().unwrap()).unwrap();
+    let r = mla::reference::decode_f64(dec.config(), &inputs, None).unwrap();
+    let a = r.accuracy(&out.o.to_f32(), &out.lse);
+    // Scores of about 1e4: the LSE keeps f32's relative precision over a 576-term dot.
+    let largest = r.lse.iter().fold(0f64, |m, x| m.max(x.abs()));
+    assert!(
+        a.o_rel <= common::O_TOL && a.lse_abs <= 1e-5 * largest,
+        "{a:?} (largest lse {largest})"
+    );
 }

@@ -18,8 +18,12 @@ pub struct Partial<'a> {
 }
 
 /// The merged lse of a head from every rank's: `m + ln(sum_r e^(lse_r - m))`, -inf when no
-/// rank held a key (never NaN).
+/// rank held a key, NaN when a rank's is NaN (a NaN in q or in a key it read: `f32::max`
+/// would skip it, and the merge would pass for a head without keys).
 pub fn merged_lse(lse: impl Iterator<Item = f32> + Clone) -> f32 {
+    if lse.clone().any(f32::is_nan) {
+        return f32::NAN;
+    }
     let m = lse.clone().fold(f32::NEG_INFINITY, f32::max);
     if m == f32::NEG_INFINITY {
         return m;
@@ -115,6 +119,30 @@ mod tests {
         }];
         let (o, lse) = merge_for_rank(&none, 0, 1, 1, 2).unwrap();
         assert_eq!((o, lse), (vec![0.0, 0.0], vec![inf]));
+    }
+
+    #[test]
+    fn a_nan_part_makes_the_merged_head_nan() {
+        let inf = f32::NEG_INFINITY;
+        for other in [inf, 0.5] {
+            // Two ranks, one head each, L = 1; rank 0's head 0 is NaN.
+            let parts = [
+                Partial {
+                    o: &[f32::NAN, 1.0],
+                    lse: &[f32::NAN, 0.0],
+                },
+                Partial {
+                    o: &[1.0, 2.0],
+                    lse: &[other, 0.0],
+                },
+            ];
+            let (o, lse) = merge_for_rank(&parts, 0, 1, 1, 1).unwrap();
+            assert!(
+                lse.len() == 1 && lse[0].is_nan(),
+                "lse {lse:?} beside {other}"
+            );
+            assert!(o.iter().all(|x| x.is_nan()), "o {o:?} beside {other}");
+        }
     }
 
     #[test]

@@ -103,9 +103,9 @@ fn normals<T: Send + Copy + Default>(
     seed: u64,
     stream: u64,
     f: impl Fn(f32) -> T + Sync,
-) -> Vec<T> {
+) -> Result<Vec<T>> {
     const CHUNK: usize = 1 << 16;
-    let mut out = vec![T::default(); n];
+    let mut out = alloc(n)?;
     out.par_chunks_mut(CHUNK)
         .enumerate()
         .for_each(|(c, chunk)| {
@@ -118,7 +118,19 @@ fn normals<T: Send + Copy + Default>(
                 *v = f(x * sigma);
             }
         });
-    out
+    Ok(out)
+}
+
+/// `n` default values, or [`Error::Alloc`] where the memory is not there (instead of an
+/// abort: a problem's size comes from its caller).
+fn alloc<T: Copy + Default>(n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::Alloc {
+        what: "problem",
+        bytes: n.saturating_mul(std::mem::size_of::<T>()),
+    })?;
+    v.resize(n, T::default());
+    Ok(v)
 }
 
 /// Host storage in the model dtype (q, o), or of a 16-bit cache.
@@ -258,13 +270,15 @@ impl Problem {
             .checked_mul(max_blocks)
             .and_then(|b| b.checked_add(spec.spare_blocks.max(1)))
             .ok_or_else(overflow)?;
+        // Block ids are i32.
+        i32::try_from(num_blocks).map_err(|_| overflow())?;
         let kv_len = num_blocks.checked_mul(page_stride).ok_or_else(overflow)?;
         rows.checked_mul(spec.heads * d).ok_or_else(overflow)?;
 
         let q_len = rows * spec.heads * d;
         let q = match spec.model_dtype {
-            ModelDtype::Bf16 => HalfBuf::Bf16(normals(q_len, 1.0, spec.seed, 1, bf16::from_f32)),
-            ModelDtype::F16 => HalfBuf::F16(normals(q_len, 1.0, spec.seed, 1, f16::from_f32)),
+            ModelDtype::Bf16 => HalfBuf::Bf16(normals(q_len, 1.0, spec.seed, 1, bf16::from_f32)?),
+            ModelDtype::F16 => HalfBuf::F16(normals(q_len, 1.0, spec.seed, 1, f16::from_f32)?),
         };
         let sigma = 0.5 / spec.k_scale;
         let kv = match spec.kv_format {
@@ -274,31 +288,33 @@ impl Problem {
                 spec.seed,
                 2,
                 bf16::from_f32,
-            ))),
+            )?)),
             KvFormat::F16 => CacheBuf::Half(HalfBuf::F16(normals(
                 kv_len,
                 sigma,
                 spec.seed,
                 2,
                 f16::from_f32,
-            ))),
+            )?)),
             KvFormat::Fp8E4m3 => CacheBuf::Fp8(
                 normals(kv_len, sigma, spec.seed, 2, |x| {
                     F8E4M3::from_f32(x).to_bits()
-                }),
+                })?,
                 DType::F8E4M3,
             ),
             KvFormat::Fp8E5m2 => CacheBuf::Fp8(
                 normals(kv_len, sigma, spec.seed, 2, |x| {
                     F8E5M2::from_f32(x).to_bits()
-                }),
+                })?,
                 DType::F8E5M2,
             ),
         };
 
-        let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
+        let mut perm: Vec<i32> = alloc(num_blocks)?;
+        perm.iter_mut().zip(0..).for_each(|(b, i)| *b = i);
         perm.shuffle(&mut rng);
-        let block_table = perm[..requests * max_blocks].to_vec();
+        let mut block_table = perm;
+        block_table.truncate(requests * max_blocks);
         Ok(Problem {
             spec: spec.clone(),
             q,
@@ -377,6 +393,63 @@ impl Problem {
     }
 }
 
+/// Planted values: one element of q or of a key set by hand (a NaN, an outlier), after the
+/// draw.
+impl Problem {
+    /// Sets element `col` of q's row `row`, head `head` to `value` (rounded to the model
+    /// dtype).
+    ///
+    /// # Errors
+    /// [`crate::Error::Memory`] when the element is outside q.
+    pub fn set_q(&mut self, row: usize, head: usize, col: usize, value: f32) -> Result<()> {
+        let (h, d) = (self.spec.heads, self.head_dim());
+        if row >= self.rows() || head >= h || col >= d {
+            return Err(Error::memory(
+                "set_q",
+                format!(
+                    "element ({row}, {head}, {col}) is outside q [{}, {h}, {d}]",
+                    self.rows()
+                ),
+            ));
+        }
+        let at = (row * h + head) * d + col;
+        match &mut self.q {
+            HalfBuf::Bf16(v) => v[at] = bf16::from_f32(value),
+            HalfBuf::F16(v) => v[at] = f16::from_f32(value),
+        }
+        Ok(())
+    }
+
+    /// Sets element `col` of key `pos` of request `request` (in the page the block table
+    /// maps it to) so that it decodes to about `value`: stored as `value / k_scale`, rounded
+    /// to the cache format, as the drawn values are.
+    ///
+    /// # Errors
+    /// [`crate::Error::Memory`] when the key is past the block table or `col` past a row.
+    pub fn set_key(&mut self, request: usize, pos: usize, col: usize, value: f32) -> Result<()> {
+        let ps = self.spec.page_size;
+        let entry =
+            (request < self.seq_lens.len() && pos / ps < self.max_blocks && col < self.head_dim())
+                .then(|| self.block_table[request * self.max_blocks + pos / ps]);
+        let block = entry.and_then(|b| usize::try_from(b).ok()).ok_or_else(|| {
+            Error::memory(
+                "set_key",
+                format!("key {pos} of request {request}, element {col}, is outside the cache"),
+            )
+        })?;
+        let (token_stride, page_stride) = self.spec.strides();
+        let at = block * page_stride + (pos % ps) * token_stride + col;
+        let stored = value / self.spec.k_scale;
+        match &mut self.kv {
+            CacheBuf::Half(HalfBuf::Bf16(v)) => v[at] = bf16::from_f32(stored),
+            CacheBuf::Half(HalfBuf::F16(v)) => v[at] = f16::from_f32(stored),
+            CacheBuf::Fp8(v, DType::F8E5M2) => v[at] = F8E5M2::from_f32(stored).to_bits(),
+            CacheBuf::Fp8(v, _) => v[at] = F8E4M3::from_f32(stored).to_bits(),
+        }
+        Ok(())
+    }
+}
+
 impl ProblemSpec {
     /// The same problem with a model dtype and a cache format; an fp8 cache gets k_scale 0.5
     /// (so that a wrong scale shows), a 16-bit one 1. What the tests and `mla bench` draw.
@@ -431,5 +504,31 @@ impl Outputs {
             o: self.o.view_mut(self.shape)?,
             lse: TensorMut::contiguous(&mut self.lse, [rows, h])?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_problem_too_large_for_memory_is_an_error_not_an_abort() {
+        // 8 requests of 2^30 keys: a cache of about 10 TB.
+        let e = Problem::generate(&ProblemSpec::new(8, vec![1 << 30; 8])).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Alloc {
+                    what: "problem",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // More blocks than i32 block ids can name.
+        let mut spec = ProblemSpec::new(1, vec![i32::MAX as usize; 2]);
+        spec.page_size = 1;
+        let e = Problem::generate(&spec).unwrap_err();
+        assert!(matches!(e, Error::Overflow { .. }), "{e}");
     }
 }

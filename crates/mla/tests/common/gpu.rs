@@ -123,6 +123,8 @@ pub struct GpuRun {
     pub o: Vec<f32>,
     pub lse: Vec<f32>,
     pub vs_reference: Accuracy,
+    /// The worst (row, head) against the reference (`super::worst_head`).
+    pub worst_head: Accuracy,
     pub vs_cpu: Accuracy,
 }
 
@@ -148,6 +150,7 @@ pub fn run_case_on(dec: &mut MlaDecode, case: &Case) -> GpuRun {
 
     let r = reference::decode_f64(dec.config(), &host_inputs(&p, case.split_q), None).unwrap();
     let vs_reference = r.accuracy(&o, &lse);
+    let worst_head = super::worst_head(&r, &o, &lse);
     let (co, cl) = cpu_outputs(case, &p, dec.config().sm_count, case.split_q);
     let vs_cpu = distance(
         &o,
@@ -163,6 +166,7 @@ pub fn run_case_on(dec: &mut MlaDecode, case: &Case) -> GpuRun {
         o,
         lse,
         vs_reference,
+        worst_head,
         vs_cpu,
     }
 }
@@ -173,6 +177,7 @@ pub fn run_case_on(dec: &mut MlaDecode, case: &Case) -> GpuRun {
 /// CPU backend's as much as from exact attention; its LSE, from the unrounded P, differs only
 /// by the fp8 products' sums (`Case::cpu_lse_tolerance`).
 pub fn assert_close(case: &Case, run: &GpuRun) {
+    super::assert_heads_accurate(case, run.worst_head, "against the reference");
     let (o_tol, lse_tol) = case.tolerances();
     for (what, a, lse_tol) in [
         ("reference", run.vs_reference, lse_tol),

@@ -3,7 +3,9 @@
 //!
 //! For each (row, head): `m = max(m, lse_s)`, rescale the running sum and accumulator by
 //! `exp(m_old - m)`, add `exp(lse_s - m) * o_s`. Splits with no key are skipped (they were
-//! never written); a row with no key at all gets o = 0 and lse = -inf.
+//! never written); a row with no key at all gets o = 0 and lse = -inf. A NaN (from a NaN in q
+//! or in a key read) stays NaN in o and in lse, so that a later LSE merge cannot mistake the
+//! row for one without keys.
 
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
@@ -46,10 +48,12 @@ pub fn run<T>(
                 for head in 0..h {
                     acc.fill(0.0);
                     let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+                    let mut any_key = false;
                     for s in 0..splits {
                         if split_range(keys, s, splits).is_empty() {
                             continue;
                         }
+                        any_key = true;
                         let at = (row * splits + s) * h + head;
                         let lse_s = part_lse[at];
                         let part = &part_o[at * l..(at + 1) * l];
@@ -62,7 +66,9 @@ pub fn run<T>(
                         sum = sum * old + w;
                         m = m_new;
                     }
-                    if sum > 0.0 {
+                    // Whether the row has keys, not the sum, tells "no key": a NaN sum
+                    // must give lse = NaN, not -inf.
+                    if any_key {
                         acc.iter_mut().for_each(|a| *a /= sum);
                         lse_out[head] = m + sum.ln();
                     } else {
