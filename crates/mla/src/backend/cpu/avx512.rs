@@ -451,9 +451,10 @@ fn round_bf16_nan(x: __m512) -> __m512i {
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn exp(x: __m512) -> __m512 {
+    // The clamp keeps a NaN: vmaxps and vminps return their second operand when either is NaN.
     let x = _mm512_min_ps(
-        _mm512_max_ps(x, _mm512_set1_ps(-104.0)),
         _mm512_set1_ps(88.8),
+        _mm512_max_ps(_mm512_set1_ps(-104.0), x),
     );
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
         _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
@@ -505,6 +506,8 @@ mod tests {
             let ulp = (want.to_bits() as i64 - got.to_bits() as i64).abs();
             assert!(ulp <= 2, "exp({x}) = {got}, libm {want}");
         }
+        // A NaN score stays NaN (the clamp must not turn it into exp(-104)).
+        assert!(exp_one(t, f32::NAN).is_nan());
     }
 
     fn exp_one(_: Avx512Bf16, x: f32) -> f32 {
