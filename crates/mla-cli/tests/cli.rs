@@ -64,7 +64,9 @@ fn bench_json_reports_the_fields_the_anchors_script_reads() {
         );
     }
     assert_eq!(v["backend"], "cpu");
-    assert_eq!(v["kernel"], "cpu");
+    let kernel = v["kernel"].as_str().unwrap_or_default();
+    assert!(kernel.starts_with("cpu-"), "the CPU path that ran: {last}");
+    assert_eq!(v["kernel_choice"], "auto");
     assert!(v["err_o"].as_f64().unwrap() < 5e-3, "{last}");
     assert!(v["err_lse"].as_f64().unwrap() < 1e-3, "{last}");
     assert_eq!(v["query_len"], 2);
@@ -177,6 +179,44 @@ fn a_bench_too_large_for_memory_is_an_error_naming_its_flags() {
         assert!(
             err.contains("--batch, --ctx: ") && err.contains("of host memory"),
             "{err}"
+        );
+    }
+}
+
+#[test]
+fn bench_takes_the_benchmark_settings_as_flags() {
+    // A forced GPU family, the schedule's costs and PDL off: accepted, recorded, and (on the
+    // CPU backend) without effect on the result.
+    let (last, v) = bench_json(&[
+        "bench",
+        "--backend",
+        "cpu",
+        "--batch",
+        "2",
+        "--heads",
+        "16",
+        "--ctx",
+        "300",
+        "--iters",
+        "1",
+        "--kernel",
+        "seesaw",
+        "--schedule-costs",
+        "3,4",
+        "--no-pdl",
+        "--json",
+    ]);
+    assert_eq!(v["kernel_choice"], "seesaw", "{last}");
+    assert!(v["err_o"].as_f64().unwrap() < 5e-3, "{last}");
+    // Bad values name the flag's setting and exit with a usage error.
+    for (flag, value, words) in [
+        ("--kernel", "tiled", "mma, wgmma, narrow, seesaw, wgmma-fp8"),
+        ("--schedule-costs", "65,1", "SEG,MIN"),
+    ] {
+        let err = mla_usage_err(&["bench", "--backend", "cpu", flag, value]);
+        assert!(
+            err.contains(flag) && err.contains(words),
+            "{flag} {value}: {err}"
         );
     }
 }
