@@ -90,7 +90,7 @@ impl std::fmt::Display for DeviceInfo {
 pub struct MlaConfig {
     /// Query heads on this rank (H). With DCP the query carries `num_heads * dcp_world_size`.
     pub num_heads: usize,
-    /// Softmax scale applied to q.k (DeepSeek-V3: 192^-0.5).
+    /// Softmax scale applied to q.k (DeepSeek-V3: 192^-0.5), in (0, 1024].
     pub scale: f32,
     /// Width of the latent (value) part of a row, L (512).
     pub kv_lora_rank: usize,
