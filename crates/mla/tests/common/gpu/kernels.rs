@@ -76,13 +76,7 @@ impl fmt::Display for Kernels {
 #[macro_export]
 macro_rules! kernel_tests {
     ($suite:ident) => {
-        $crate::kernel_tests!(@module $suite,
-            as_shipped = Kernels::SHIPPED,
-            forced_mma = Kernels::forced(Mma),
-            forced_wgmma = Kernels::forced(Wgmma),
-            forced_narrow = Kernels::forced(Narrow),
-            forced_seesaw = Kernels::forced(Seesaw),
-            forced_wgmma_fp8 = Kernels::forced(WgmmaFp8),
+        $crate::kernel_tests!(@split_grid $suite,
             device_schedule = Kernels::SHIPPED.scheduled(),
             device_schedule_forced_mma = Kernels::forced(Mma).scheduled(),
             device_schedule_forced_wgmma = Kernels::forced(Wgmma).scheduled(),
@@ -90,6 +84,9 @@ macro_rules! kernel_tests {
         );
     };
     ($suite:ident, split_grid) => {
+        $crate::kernel_tests!(@split_grid $suite);
+    };
+    (@split_grid $suite:ident $(, $name:ident = $kernels:expr)*) => {
         $crate::kernel_tests!(@module $suite,
             as_shipped = Kernels::SHIPPED,
             forced_mma = Kernels::forced(Mma),
@@ -97,6 +94,7 @@ macro_rules! kernel_tests {
             forced_narrow = Kernels::forced(Narrow),
             forced_seesaw = Kernels::forced(Seesaw),
             forced_wgmma_fp8 = Kernels::forced(WgmmaFp8)
+            $(, $name = $kernels)*
         );
     };
     (@module $suite:ident, $($name:ident = $kernels:expr),+) => {
