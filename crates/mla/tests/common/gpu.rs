@@ -1,4 +1,4 @@
-//! GPU test helpers: open the device (or say why a test skips), copy a problem to it, run a
+//! What the GPU tests share: open the device (or say why a test skips), copy a problem to it, run a
 //! case, and compare with the CPU backend and the f64 reference.
 #![allow(dead_code)]
 
