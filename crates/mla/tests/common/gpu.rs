@@ -1,5 +1,5 @@
-//! What the GPU tests share: open the device (or say why a test skips), copy a problem to it, run a
-//! case, and compare with the CPU backend and the f64 reference.
+//! What the GPU tests share: open the device (or say why a test skips), copy a problem to it,
+//! run a case, and compare with the CPU backend and the f64 reference.
 #![allow(dead_code)]
 
 use mla::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
