@@ -1,7 +1,7 @@
 """Multi-token decode (the speculative-decoding verify step) side by side: FlashMLA, FA3 and ours.
 
 The anchors benchmark (`anchors.py`, from ../shared/bench) times one query token a request;
-issue 4 also asks for uniform causal rows of 2 and 4 tokens. This script reuses its loaders,
+serving also decodes uniform causal rows of 2 and 4 tokens. This script reuses its loaders,
 timing (median of CUDA-graph replays) and ceilings, on cases of B requests x q_len tokens:
 query token i of a request sees keys [0, len - (q_len - 1 - i)), as vLLM, FlashMLA and FA3
 define it. Every implementation is checked against an fp32 reference first. bf16 cache only

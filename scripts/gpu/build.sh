@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Builds, on this (CPU) machine, everything the GPU machine runs, into gpu-bin/ (ignored):
+# Builds, on a CPU machine, everything the GPU machine runs, into gpu-bin/ (ignored):
 #   gpu-bin/mla            the CLI (release)
 #   gpu-bin/tests/<name>   the release test binaries that touch the GPU (run.sh runs each)
+#   gpu-bin/cache/         the sm_90a cubins
 #   gpu-bin/wheels/        the mla_rs wheel (abi3, built by maturin from PyPI)
 # and copies the side-by-side benchmark script next to the anchors if they were fetched
-# (../shared/bench/fetch-anchors.sh .anchors). Then run, through the device tool:
-#   scripts/gpu/run.sh all        (carry: gpu-bin, .anchors)
+# (../shared/bench/fetch-anchors.sh .anchors). Then copy gpu-bin/ (and .anchors/) to the GPU
+# machine's copy of the repository and run there: scripts/gpu/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -18,16 +19,17 @@ cargo build --release -p mla-cli --features nccl
 cp target/release/mla "$out/mla"
 
 # The test binaries, by name (cargo prints their paths as JSON).
-cargo test --release -p mla --features nccl --tests --no-run --message-format=json 2>/dev/null |
+tests=(cuda_contract cuda_runtime cuda_batch_invariance cuda_sanitize cuda_schedule dcp_gpu)
+cargo test --release -p mla --features nccl "${tests[@]/#/--test=}" --no-run --message-format=json 2>/dev/null |
   python3 -c '
 import json, sys, shutil
-want = {"cuda_contract", "cuda_runtime", "cuda_sanitize", "cuda_schedule", "dcp_gpu"}
+want = set(sys.argv[2:])
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
         shutil.copy(m["executable"], sys.argv[1] + "/" + m["target"]["name"])
         print("test binary:", m["target"]["name"])
-' "$out/tests"
+' "$out/tests" "${tests[@]}"
 
 # The sm_90a cubins, compiled here by NVRTC 13.0 from PyPI (scripts/ci/nvrtc.sh) into
 # gpu-bin/cache under the names the GPU machine's NVRTC 13.0 gives them: run.sh seeds that

@@ -4,8 +4,9 @@
 # cargo target folder (target-branches, beside this checkout's target) so that rebuilds stay
 # incremental.
 #   scripts/gpu/build_branch.sh REV NAME [--lean]
-# --lean keeps only the CLI and the cubin cache (for scripts/gpu/ab.sh; the carry limit is
-# 64 MiB for all folders together), else the whole gpu-bin (test binaries and wheel too).
+# --lean keeps only the CLI and the cubin cache (for a before/after: scripts/gpu/ab.sh, or
+# run.sh anchors with MLA_BEFORE=gpu-bin-NAME; a few MiB to copy), else the whole gpu-bin
+# (test binaries and wheel too).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rev=$1 name=$2 lean=${3:-}

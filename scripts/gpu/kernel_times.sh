@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where a decode's time goes, kernel by kernel (GPU machine, gpu-bin carried): Nsight Compute
+# Where a decode's time goes, kernel by kernel (GPU machine, with gpu-bin): Nsight Compute
 # times every mla_ kernel of one replayed decode (the scheduler, stage 1, the combine) without
 # touching clocks or caches, and prints one line a kernel: name, grid, duration (us).
 #   scripts/gpu/kernel_times.sh ["bench-args; ..."]   e.g. "64 128 8192 --varlen --schedule"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Nsight Compute on batch-1 decodes (GPU machine, gpu-bin carried): for each case, the kernel's
-# duration, warp-state stalls and per-SASS-instruction counts, written to $OUT (ncu.tgz: the
-# reports, their details pages and the per-instruction CSVs; the device tool returns few files).
+# Nsight Compute on batch-1 decodes (GPU machine, with gpu-bin): for each case, the kernel's
+# duration, warp-state stalls and per-SASS-instruction counts, written to the results folder
+# (ncu_setup.sh) as ncu.tgz: the reports, their details pages and the per-instruction CSVs.
 #   scripts/gpu/ncu_batch1.sh ["KERNEL_REGEX bench-args; ..."]
 set -uo pipefail
 cd "$(dirname "$0")/../.."

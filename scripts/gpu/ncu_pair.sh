@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Nsight Compute on our stage-1 kernel and FlashMLA's dense decode on the same case (GPU
-# machine; carry gpu-bin and .anchors): each one's duration, warp-state stalls and
-# per-SASS-instruction counts (executed instructions, stall samples) into $OUT/ncu_pair.tgz
-# (the reports, their details pages and the per-instruction CSVs).
-#   scripts/gpu/ncu_pair.sh "FAMILY B H CTX [--vary]; ..."   (FAMILY: MLA_KERNEL's seesaw, wgmma, mma)
+# machine, with gpu-bin and .anchors): each one's duration, warp-state stalls and
+# per-SASS-instruction counts (executed instructions, stall samples) into ncu_pair.tgz in the
+# results folder (ncu_setup.sh; the reports, their details pages and the per-instruction
+# CSVs).
+#   scripts/gpu/ncu_pair.sh "FAMILY B H CTX [--vary]; ..."   (FAMILY: `mla bench --kernel`'s
+#   seesaw, wgmma, mma, narrow, wgmma-fp8)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/gpu/ncu_setup.sh
@@ -14,13 +16,13 @@ i=0
 for c in "${cases[@]}"; do
   read -r kernel b h ctx vary <<< "$c"
   i=$((i + 1))
-  entry=mla_decode_$kernel
+  entry=mla_decode_${kernel//-/_}
   [ "$kernel" = mma ] && entry=mla_decode_split
   # ours: the bench's third launch of the kernel (the first two warm the cache and the graph)
-  timeout 150 env MLA_KERNEL="$kernel" ncu --clock-control none --cache-control none \
+  timeout 150 ncu --clock-control none --cache-control none \
     --kernel-name "regex:$entry" --launch-skip 2 --launch-count 1 "${sections[@]}" \
-    --import-source no -o "$out/ours$i" gpu-bin/mla bench --backend cuda --batch "$b" --heads "$h" \
-    --ctx "$ctx" --page 64 --iters 1 ${vary:+--varlen} > "$out/ours$i.log" 2>&1
+    --import-source no -o "$out/ours$i" gpu-bin/mla bench --backend cuda --kernel "$kernel" \
+    --batch "$b" --heads "$h" --ctx "$ctx" --page 64 --iters 1 ${vary:+--varlen} > "$out/ours$i.log" 2>&1
   echo "== ours $i ($entry): $b x $h x $ctx $vary rc=$?"
   timeout 150 ncu --clock-control none --cache-control none --kernel-name "regex:flash_fwd_splitkv_mla" \
     --launch-skip 2 --launch-count 1 "${sections[@]}" --import-source no -o "$out/fm$i" \

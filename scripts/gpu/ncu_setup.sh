@@ -1,5 +1,5 @@
 # Sourced by the Nsight Compute scripts (ncu_batch1.sh, ncu_pair.sh) at the repository root:
-# $final (where the tarball goes: $OUT on the GPU machine), $out (a scratch folder for the
+# $final (where the tarball goes: the folder $OUT names, ./results when unset), $out (a scratch folder for the
 # reports) and the kernel cache seeded from gpu-bin's cubins (build.sh's), so that nothing
 # compiles under the profiler.
 final=${OUT:-results}

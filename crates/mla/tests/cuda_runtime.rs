@@ -1,31 +1,54 @@
 //! The CUDA backend around the kernels: CUDA-graph capture and replay with changing lengths
-//! and block tables, warmup (forward compiles nothing after it), the device-side error flag,
-//! and the host checks the GPU adds (alignment, device). Skips (saying why) without a GPU.
+//! and block tables, warmup (it builds what each decode runs: forward compiles nothing after
+//! it), the device schedule's switch, the device-side error flag, scales read from the device
+//! and the caller's stream, once per kernel setting (`runtime::as_shipped`,
+//! `runtime::forced_seesaw`, ..., `runtime::device_schedule`); and the host checks the GPU
+//! adds (alignment, device, shapes the kernels cannot index). Skips (saying why) without a
+//! GPU, fails there with `MLA_REQUIRE_GPU=1`.
 #![cfg(feature = "cuda")]
 
 mod common;
 
+use common::gpu::kernels::{Kernels, Tally};
 use common::gpu::{self, DeviceCache, DeviceOutputs, DeviceProblem};
 use common::{Case, LSE_TOL, O_TOL, spec};
-use mla::backend::cuda::registry::{self, Family};
 use mla::reference;
 use mla::synth::HalfBuf;
 use mla::synth::device::DeviceHalf;
 use mla::synth::{Outputs, Problem};
-use mla::{CacheDtype, DType, DecodeInputs, Error, KvFormat, Mask, ModelDtype, Query, TensorRef};
+use mla::{
+    CacheDtype, DType, DecodeInputs, Error, KernelFamily, KvFormat, Mask, ModelDtype, Query,
+    TensorRef,
+};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
-#[test]
-fn a_captured_decode_replays_with_new_lengths_and_tables() {
+/// Every case of the suite under `kernels`.
+fn runtime(kernels: Kernels) {
+    let Some(mut t) = Tally::start("cuda_runtime", kernels) else {
+        return;
+    };
+    a_captured_decode_replays_with_new_lengths_and_tables(&mut t);
+    after_warmup_forward_compiles_nothing(&mut t);
+    warmup_builds_what_each_decode_runs(&mut t);
+    the_fp8_query_mode_takes_the_fp8_twin_on_long_splits(&mut t);
+    the_configuration_turns_the_device_schedule_on(&mut t);
+    bad_values_raise_the_device_flag_and_are_never_read(&mut t);
+    captured_decode_reads_a_new_scale(&mut t, ScaleArg::K);
+    captured_decode_reads_a_new_scale(&mut t, ScaleArg::Q);
+    decodes_run_on_a_stream_of_the_callers(&mut t);
+    t.finish();
+}
+
+kernel_tests!(runtime);
+
+fn a_captured_decode_replays_with_new_lengths_and_tables(t: &mut Tally) {
     for (heads, kv) in [(64, KvFormat::Bf16), (16, KvFormat::Fp8E4m3)] {
         // Shapes fixed at capture: 3 requests x 2 tokens, block tables of up to 4000 keys.
         let s =
             spec(heads, 16, &[4000, 4000, 4000], 2, Mask::Causal).with_format(ModelDtype::Bf16, kv);
         let case = Case::new(s);
-        let Some(mut dec) = gpu::open(&case.config()) else {
-            return;
-        };
+        let mut dec = t.open(&case);
         let st = gpu::stream(&dec);
         let mut p = Problem::generate(&case.spec).unwrap();
         let mut dp = p.to_device(&st).unwrap();
@@ -47,6 +70,7 @@ fn a_captured_decode_replays_with_new_lengths_and_tables() {
             let (graph, captured) =
                 gpu::capture(&st, || dec.forward(&inputs, &mut out.views().unwrap()));
             let plan = captured.expect("forward is capturable");
+            t.count(&plan);
             assert!(
                 splits.contains(&plan.num_kv_splits),
                 "{splits:?} {}",
@@ -90,8 +114,7 @@ fn a_captured_decode_replays_with_new_lengths_and_tables() {
     }
 }
 
-#[test]
-fn after_warmup_forward_compiles_nothing() {
+fn after_warmup_forward_compiles_nothing(t: &mut Tally) {
     for (heads, kv, dtype) in [
         (16, KvFormat::Bf16, CacheDtype::Bf16),
         (128, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3),
@@ -99,9 +122,7 @@ fn after_warmup_forward_compiles_nothing() {
     ] {
         let s = spec(heads, 64, &[10], 1, Mask::Causal).with_format(ModelDtype::Bf16, kv);
         let case = Case::new(s);
-        let Some(mut dec) = gpu::open(&case.config()) else {
-            return;
-        };
+        let mut dec = t.open(&case);
         let st = gpu::stream(&dec);
         dec.reserve_workspace(8, 1 << 16).unwrap();
         dec.lock_workspace();
@@ -120,14 +141,13 @@ fn after_warmup_forward_compiles_nothing() {
             let mut s = case.spec.clone();
             s.seq_lens = lens;
             s.query_len = q_len;
-            let run = gpu::run_case_on(
+            t.check_on(
                 &mut dec,
                 &Case {
                     spec: s,
                     ..case.clone()
                 },
             );
-            assert!(run.vs_reference.o_rel <= O_TOL);
         }
         assert_eq!(
             dec.cuda_backend().unwrap().builds().len(),
@@ -137,15 +157,11 @@ fn after_warmup_forward_compiles_nothing() {
     }
 }
 
-#[test]
-fn bad_values_raise_the_device_flag_and_are_never_read() {
-    // 16 heads take the narrow kernel on Hopper (mma.sync elsewhere); 128 take the wgmma
-    // kernel on Hopper.
+fn bad_values_raise_the_device_flag_and_are_never_read(t: &mut Tally) {
+    // 16 and 128 heads: the kernels of few heads and of many.
     for heads in [16, 128] {
         let case = Case::new(spec(heads, 16, &[100, 40], 1, Mask::Causal));
-        let Some(mut dec) = gpu::open(&case.config()) else {
-            return;
-        };
+        let mut dec = t.open(&case);
         let st = gpu::stream(&dec);
         let p = Problem::generate(&case.spec).unwrap();
         let capacity = (p.max_blocks * 16) as i32;
@@ -175,243 +191,207 @@ fn bad_values_raise_the_device_flag_and_are_never_read() {
             }
             // The flag is cleared: a clean decode checks clean.
             let dp = p.to_device(&st).unwrap();
-            dec.forward(&dp.inputs(&p, false).unwrap(), &mut out.views().unwrap())
+            let plan = dec
+                .forward(&dp.inputs(&p, false).unwrap(), &mut out.views().unwrap())
                 .unwrap();
             dec.check_device_errors().unwrap();
+            t.count(&plan);
         }
     }
 }
 
-#[test]
-fn hopper_decodes_many_heads_and_packed_tokens_with_wgmma() {
-    use registry::KernelChoice::{Auto, Mma, Narrow, Seesaw, Wgmma, WgmmaFp8};
-    // What warmup builds and what each decode launches on this device. On sm_90a, 64 and 128
-    // heads take the wgmma kernel whatever the cache; 16 heads take mma.sync for one token a
-    // request and the wgmma kernel, tokens packed, for two or more (warmup builds both); 8
-    // heads x 2 tokens with a bf16 cache take the narrow kernel (and mma.sync is built for
-    // pages it does not tile); 16 heads or more with a bf16 cache also build the seesaw kernel,
-    // which takes the decode where a split holds at least seesaw_min_split_keys(heads) keys
-    // (40 requests of 1100 keys at 128 heads: one split each; 2 requests take many short
-    // splits), and its packed variant the packed tokens' decodes where a split holds at
-    // least seesaw_min_split_keys(heads x tokens).
-    // From 17 heads, an fp8 cache under a bf16 query also builds the wgmma kernel's fp8 twin,
-    // which takes the decodes whose splits hold WGMMA_FP8_MIN_SPLIT_KEYS keys or more (66
-    // requests of 2100 keys at 128 heads: one split each); with MLA_KERNEL=wgmma_fp8, every
-    // decode.
-    // MLA_KERNEL=mma|wgmma|narrow|seesaw|wgmma_fp8 forces a family (the seesaw kernel: every
-    // decode with a cache in the model dtype that the narrow kernel does not take, packed
-    // tokens too, on any split count, unless the decoder schedules; the fp8 twin: every fp8
-    // decode, packed tokens too).
-    // At 16 heads over a bf16 cache warmup also builds the narrow kernel, which takes the
-    // single tokens whose grid it fills (`splits::narrow_single`: 128 requests of 1024 keys,
-    // one split each), unless the decoder schedules.
+/// Warms a decoder up for `case` (the workspace for its rows and longest length, the cache
+/// dtype `dtype`), runs it (outputs poisoned, against the reference and the CPU backend),
+/// and checks that warmup built what the decode ran (forward builds nothing) and that the plan
+/// says whether the decode took the device schedule. Returns the run.
+fn warm_then_check(t: &mut Tally, case: &Case, dtype: CacheDtype) -> gpu::GpuRun {
+    let mut dec = t.open(case);
+    let st = gpu::stream(&dec);
+    let p = Problem::generate(&case.spec).unwrap();
+    let dp = p.to_device(&st).unwrap();
+    let longest = case.spec.seq_lens.iter().copied().max().unwrap_or(0);
+    dec.reserve_workspace(p.rows(), longest).unwrap();
+    dec.register_decode_warmup(&dp.inputs(&p, false).unwrap().kv_cache, dtype)
+        .unwrap();
+    let cuda = dec.cuda_backend().unwrap();
+    let (built, scheduled) = (cuda.builds(), cuda.scheduled_decodes());
+    let run = t.check_on(&mut dec, case);
+    let cuda = dec.cuda_backend().unwrap();
+    let what = format!(
+        "{} heads x {} requests x {} tokens, {:?}, {}: {} on {} splits",
+        case.spec.heads,
+        case.spec.seq_lens.len(),
+        case.spec.query_len,
+        case.spec.kv_format,
+        t.kernels(),
+        dec.kernel_name(&run.plan),
+        run.plan.num_kv_splits
+    );
+    let names = |b: &[mla::precompile::KernelBuild]| -> Vec<String> {
+        b.iter()
+            .map(|k| format!("{} {}", k.kernel, k.defines))
+            .collect()
+    };
+    assert_eq!(
+        names(&cuda.builds()),
+        names(&built),
+        "{what}: forward built a kernel that warmup did not"
+    );
+    assert_eq!(
+        cuda.scheduled_decodes() > scheduled,
+        run.plan.scheduled(),
+        "{what}: the plan and the launch disagree on the schedule"
+    );
+    assert!(
+        !run.plan.scheduled() || dec.schedules(),
+        "{what}: scheduled by a decoder that does not schedule"
+    );
+    println!("{what}");
+    run
+}
+
+fn warmup_builds_what_each_decode_runs(t: &mut Tally) {
+    // Each case with the family it is there for: the one the kernel pick gives it as shipped
+    // on Hopper (plan::kernel's tests check the pick itself), None where the case is there
+    // for every kernel setting alike. 40 requests of 1100 keys at 128 heads: one split each,
+    // long enough for the seesaw kernel; 128 requests of 1024 keys at 16 heads: single tokens
+    // whose grid the narrow kernel fills; 66 requests of 2100 keys: the packed seesaw kernel
+    // at 16 heads x 2 tokens (two splits of 1050 keys) and the fp8 twin at 128 heads (one
+    // split each); two short requests: the wgmma kernel and, packed, its packed variant.
+    use KernelFamily::{Mma, Narrow, Seesaw, Wgmma, WgmmaFp8};
     let two = [1000, 37];
     let forty = [1100; 40];
     let long = [2100; 66];
     let filled = [1024; 128];
-    for (heads, kv, dtype, q_len, lengths) in [
-        (128, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..]),
-        (128, KvFormat::Bf16, CacheDtype::Auto, 1, &forty[..]),
-        (64, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..]),
-        (16, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..]),
-        (16, KvFormat::Bf16, CacheDtype::Auto, 1, &filled[..]),
-        (16, KvFormat::Bf16, CacheDtype::Auto, 4, &two[..]),
-        (16, KvFormat::Bf16, CacheDtype::Auto, 2, &long[..]),
-        (8, KvFormat::Bf16, CacheDtype::Auto, 2, &two[..]),
-        (128, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 1, &two[..]),
-        (128, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 1, &long[..]),
-        (64, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 2, &two[..]),
-        (32, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 2, &two[..]),
-        (16, KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 1, &two[..]),
+    for (heads, kv, dtype, q_len, lengths, there_for) in [
+        (128, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..], None),
+        (
+            128,
+            KvFormat::Bf16,
+            CacheDtype::Auto,
+            1,
+            &forty[..],
+            Some(Seesaw),
+        ),
+        (64, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..], None),
+        (16, KvFormat::Bf16, CacheDtype::Auto, 1, &two[..], None),
+        (
+            16,
+            KvFormat::Bf16,
+            CacheDtype::Auto,
+            1,
+            &filled[..],
+            Some(Narrow),
+        ),
+        (
+            16,
+            KvFormat::Bf16,
+            CacheDtype::Auto,
+            4,
+            &two[..],
+            Some(Wgmma),
+        ),
+        (
+            16,
+            KvFormat::Bf16,
+            CacheDtype::Auto,
+            2,
+            &long[..],
+            Some(Seesaw),
+        ),
+        (
+            8,
+            KvFormat::Bf16,
+            CacheDtype::Auto,
+            2,
+            &two[..],
+            Some(Narrow),
+        ),
+        (
+            128,
+            KvFormat::Fp8E4m3,
+            CacheDtype::Fp8E4m3,
+            1,
+            &two[..],
+            Some(Wgmma),
+        ),
+        (
+            128,
+            KvFormat::Fp8E4m3,
+            CacheDtype::Fp8E4m3,
+            1,
+            &long[..],
+            Some(WgmmaFp8),
+        ),
+        (
+            64,
+            KvFormat::Fp8E4m3,
+            CacheDtype::Fp8E4m3,
+            2,
+            &two[..],
+            Some(Wgmma),
+        ),
+        (
+            32,
+            KvFormat::Fp8E4m3,
+            CacheDtype::Fp8E4m3,
+            2,
+            &two[..],
+            Some(Wgmma),
+        ),
+        (
+            16,
+            KvFormat::Fp8E4m3,
+            CacheDtype::Fp8E4m3,
+            1,
+            &two[..],
+            Some(Mma),
+        ),
     ] {
         let mut s = spec(heads, 64, lengths, q_len, Mask::Causal);
         s.kv_format = kv;
         let case = Case::new(s);
-        let Some(mut dec) = gpu::open(&case.config()) else {
-            return;
-        };
-        let st = gpu::stream(&dec);
-        let p = Problem::generate(&case.spec).unwrap();
-        let dp = p.to_device(&st).unwrap();
-        let longest = lengths.iter().copied().max().unwrap_or(0);
-        dec.reserve_workspace(lengths.len() * q_len, longest)
-            .unwrap();
-        dec.register_decode_warmup(&dp.inputs(&p, false).unwrap().kv_cache, dtype)
-            .unwrap();
-        let cuda = dec.cuda_backend().unwrap();
-        let families: Vec<Family> = cuda.builds().iter().map(|b| b.variant.family).collect();
-        println!(
-            "{heads} heads, {kv:?}, {q_len} tokens: {families:?} on {}",
-            cuda.target().arch
-        );
-        let hopper = cuda.target().wgmma();
-        let choice = registry::KernelChoice::from_env();
-        let many = heads >= registry::WGMMA_MIN_HEADS;
-        let packs = mla::plan::splits::packing(heads, q_len).is_some();
-        let (wgmma_built, mma_built, launches_wgmma) = match choice {
-            Mma => (false, true, false),
-            Wgmma | WgmmaFp8 => (hopper, !hopper, hopper),
-            // As shipped and with the narrow kernel forced (it runs where the wgmma one does
-            // not).
-            _ => (hopper, !(hopper && many), hopper && (many || packs)),
-        };
-        // The narrow kernel: built for up to 8 heads (16 when forced, or as shipped over a
-        // bf16 cache), launched for the multi-token rows it packs (single tokens too when
-        // forced, and as shipped those whose grid it fills).
-        let narrow_heads = match choice {
-            Narrow => 16,
-            Auto if kv == KvFormat::Bf16 => 16,
-            _ => 8,
-        };
-        let narrow_built = hopper
-            && !matches!(choice, Mma | Wgmma | WgmmaFp8)
-            && heads <= narrow_heads
-            && kv != KvFormat::F16;
-        let scheduling = registry::schedule_from_env().unwrap_or(false);
-        let fp8_built = hopper
-            && kv.is_fp8()
-            && !scheduling
-            && (choice == WgmmaFp8 || (choice == Auto && many));
-        assert_eq!(families.contains(&Family::DecodeWgmmaFp8), fp8_built);
-        // Its packed variant wherever tokens can pack (up to 32 heads).
-        let can_pack = 2 * heads <= registry::WGMMA_TILE;
-        let seesaw_built = hopper
-            && (choice == Seesaw
-                || (choice == Auto
-                    && (registry::seesaw_min_split_keys(heads).is_some() || can_pack)))
-            && kv == KvFormat::Bf16;
-        assert_eq!(families.contains(&Family::DecodeSeesaw), seesaw_built);
-        assert_eq!(
-            families.contains(&Family::DecodeWgmma),
-            wgmma_built,
-            "{heads} heads, {kv:?}: {families:?}"
-        );
-        assert_eq!(families.contains(&Family::DecodeMma), mma_built);
-        // The decode runs right (poisoned outputs against the reference), on the kernel
-        // expected, and compiles nothing after warmup.
-        let run = gpu::run_case_on(&mut dec, &case);
-        gpu::assert_close(&case, &run);
-        assert_eq!(families.contains(&Family::DecodeNarrow), narrow_built);
-        let splits = run.plan.num_kv_splits;
-        // Packed tokens take its packed variant, on the packed rows' threshold.
-        let rows = heads * mla::plan::splits::packing(heads, q_len).unwrap_or(1);
-        let long_splits = choice == Seesaw
-            || registry::seesaw_min_split_keys(rows)
-                .is_some_and(|keys| run.plan.split_keys() >= keys);
-        // The narrow kernel's single tokens as shipped: below the seesaw kernel's splits, on
-        // the split grid (a decoder that schedules runs the mma kernel's scheduled variant).
-        let fills = mla::plan::splits::narrow_single(
-            heads,
-            q_len,
-            run.plan.split_keys(),
-            run.plan.rows * splits,
-            dec.cuda_backend().unwrap().sm_count(),
-        );
-        let narrow_single = choice == Auto
-            && narrow_built
-            && !(seesaw_built && long_splits)
-            && !(scheduling && lengths.len() > 1)
-            && fills;
-        let narrow_launched =
-            narrow_built && !launches_wgmma && (q_len > 1 || choice == Narrow || narrow_single);
-        // The case that is there for it does take it.
-        assert!(
-            narrow_single
-                || !(choice == Auto && narrow_built && !scheduling && lengths == filled.as_slice())
-        );
-        let seesaw_launched = seesaw_built && !narrow_launched && long_splits;
-        // The cases that are there for it do take it (packed: 66 requests of 2100 keys x 2
-        // tokens at 16 heads, two splits of 1050 keys).
-        assert!(seesaw_launched || !(seesaw_built && lengths == forty.as_slice()));
-        assert!(seesaw_launched || !(seesaw_built && packs && lengths == long.as_slice()));
-        let fp8_launched = fp8_built
-            && (choice == WgmmaFp8
-                || (!packs && run.plan.split_keys() >= registry::WGMMA_FP8_MIN_SPLIT_KEYS));
-        // The case that is there for it does take it.
-        assert!(fp8_launched || !(fp8_built && lengths == long.as_slice()));
-        let launched = if narrow_launched {
-            Family::DecodeNarrow
-        } else if seesaw_launched {
-            Family::DecodeSeesaw
-        } else if fp8_launched {
-            Family::DecodeWgmmaFp8
-        } else if launches_wgmma {
-            Family::DecodeWgmma
-        } else {
-            Family::DecodeMma
-        };
-        assert_eq!(
-            dec.kernel_name(&run.plan),
-            launched.entry(),
-            "{heads} heads x {} requests, {kv:?}, {splits} splits",
-            lengths.len()
-        );
-        let built = dec.cuda_backend().unwrap().builds().len();
-        assert_eq!(built, families.len(), "forward built a kernel after warmup");
-        // MLA_SCHEDULE=1: the kernels that take one token a CTA (mma, unpacked wgmma and
-        // seesaw) run on the device-computed schedule; packed tokens and the narrow kernel
-        // never do.
-        let one_token = launched == Family::DecodeMma
-            || (matches!(launched, Family::DecodeWgmma | Family::DecodeSeesaw) && !packs);
-        let scheduled = scheduling && one_token;
-        assert_eq!(
-            dec.cuda_backend().unwrap().scheduled_decodes() > 0,
-            scheduled,
-            "{heads} heads, {kv:?}, {q_len} tokens on {launched:?}"
-        );
+        let run = warm_then_check(t, &case, dtype);
+        if let Some(family) = there_for {
+            let what = format!("{heads} heads x {} requests, {kv:?}", lengths.len());
+            t.assert_there_for(&run, family, &what);
+        }
     }
 }
 
-#[test]
-fn the_fp8_query_mode_takes_the_fp8_twin_on_long_splits() {
-    use registry::KernelChoice::{Auto, WgmmaFp8};
-    // 128 heads, an fp8 cache, the fp8-query mode: on sm_90a the wgmma kernel takes splits
-    // shorter than WGMMA_FP8Q_MIN_SPLIT_KEYS keys and the twin (fp8 wgmma for both products)
-    // the longer ones (66 requests of 4200 keys: one split each, two CTAs a request), every
-    // split with MLA_KERNEL=wgmma_fp8; both against the reference with the mode's tolerances.
+fn the_fp8_query_mode_takes_the_fp8_twin_on_long_splits(t: &mut Tally) {
+    // 128 heads, an fp8 cache, the fp8-query mode: as shipped on Hopper the wgmma kernel takes
+    // splits shorter than WGMMA_FP8Q_MIN_SPLIT_KEYS keys and the twin (fp8 wgmma for both
+    // products) the longer ones (66 requests of 4200 keys: one split each, two CTAs a
+    // request); both against the reference with the mode's tolerances.
     let short = [1000, 37];
     let long = [4200; 66];
-    for lengths in [&short[..], &long[..]] {
+    for (lengths, there_for) in [
+        (&short[..], KernelFamily::Wgmma),
+        (&long[..], KernelFamily::WgmmaFp8),
+    ] {
         let mut s = spec(128, 64, lengths, 1, Mask::Causal);
         s.kv_format = KvFormat::Fp8E4m3;
         s.q_scale = 0.05;
         let mut case = Case::new(s);
         case.fp8_query = true;
-        let Some(mut dec) = gpu::open(&case.config()) else {
-            return;
-        };
-        let run = gpu::run_case_on(&mut dec, &case);
-        gpu::assert_close(&case, &run);
-        let cuda = dec.cuda_backend().unwrap();
-        let choice = registry::KernelChoice::from_env();
-        let has_twin = cuda.target().wgmma() && !registry::schedule_from_env().unwrap_or(false);
-        let split_keys = run.plan.split_keys();
-        let twin_runs = has_twin
-            && (choice == WgmmaFp8
-                || (choice == Auto && split_keys >= registry::WGMMA_FP8Q_MIN_SPLIT_KEYS));
-        let name = dec.kernel_name(&run.plan);
-        println!(
-            "fp8 query, 128 heads x {} requests, {split_keys} keys a split: {name}",
-            lengths.len()
+        let run = warm_then_check(t, &case, CacheDtype::Fp8E4m3);
+        let what = format!(
+            "fp8 query, 128 heads x {} requests, {} keys a split",
+            lengths.len(),
+            run.plan.split_keys()
         );
-        assert_eq!(name == Family::DecodeWgmmaFp8.entry(), twin_runs, "{name}");
-        // The case that is there for it does take it.
-        let shipped = has_twin && choice == Auto;
-        assert!(
-            twin_runs || !(shipped && lengths == long.as_slice()),
-            "{split_keys} keys a split"
-        );
+        t.assert_there_for(&run, there_for, &what);
     }
 }
 
-#[test]
-fn the_configuration_turns_the_device_schedule_on() {
-    // MlaConfig::device_schedule: single-token decodes run on the device-computed schedule
-    // (unless the environment says MLA_SCHEDULE=0), right, on lengths far apart; a
-    // configuration without it stays on the split grid (unless MLA_SCHEDULE=1).
-    // 40 requests of 500 to 6350 keys at 128 heads: splits long enough for the seesaw kernel,
-    // whose scheduled variant then walks the pieces (on Hopper, as shipped).
-    let env = registry::schedule_from_env();
+fn the_configuration_turns_the_device_schedule_on(t: &mut Tally) {
+    // MlaConfig::device_schedule, asked or not whatever the suite's setting: a decoder asked
+    // schedules, its single-token decodes of several requests run on the device-computed
+    // schedule (as shipped always: every family it picks for them has a scheduled variant),
+    // right, on lengths far apart; a decoder not asked stays on the split grid. 40 requests
+    // of 500 to 6350 keys at 128 heads: splits long enough for the seesaw kernel, whose
+    // scheduled variant then walks the pieces (on Hopper, as shipped).
     let varied: Vec<usize> = (0..40).map(|i| 500 + 150 * i).collect();
     let few = [5000, 3, 700, 0, 64];
     for (heads, asked, lengths) in [
@@ -421,27 +401,20 @@ fn the_configuration_turns_the_device_schedule_on() {
         (16, false, &few[..]),
     ] {
         let case = Case::new(spec(heads, 64, lengths, 1, Mask::Causal));
-        let mut cfg = case.config();
+        let mut cfg = t.config(&case);
         cfg.device_schedule = asked;
-        let Some(mut dec) = gpu::open(&cfg) else {
-            return;
-        };
-        let run = gpu::run_case_on(&mut dec, &case);
-        gpu::assert_close(&case, &run);
-        // The narrow kernel (MLA_KERNEL=narrow at 16 heads) has no scheduled variant; the
-        // seesaw kernel (128 heads here, on long splits) has.
-        let narrow = dec.kernel_name(&run.plan) == Family::DecodeNarrow.entry();
-        let expected = env.unwrap_or(asked) && !narrow;
-        assert_eq!(
-            dec.cuda_backend().unwrap().scheduled_decodes() > 0,
-            expected,
-            "{heads} heads, asked {asked}, MLA_SCHEDULE {env:?}"
-        );
-        let cuda = dec.cuda_backend().unwrap();
-        let shipped = cuda.target().wgmma()
-            && registry::KernelChoice::from_env() == registry::KernelChoice::Auto;
-        if shipped && lengths == varied.as_slice() {
-            assert_eq!(dec.kernel_name(&run.plan), Family::DecodeSeesaw.entry());
+        let mut dec = t.open_config(&cfg);
+        let before = dec.cuda_backend().unwrap().scheduled_decodes();
+        let run = t.check_on(&mut dec, &case);
+        let what = format!("{heads} heads, asked {asked}, {}", t.kernels());
+        assert_eq!(dec.schedules(), asked, "{what}");
+        let launched = dec.cuda_backend().unwrap().scheduled_decodes() - before;
+        assert_eq!(launched > 0, run.plan.scheduled(), "{what}");
+        if t.kernels().choice == mla::KernelChoice::Auto {
+            assert_eq!(run.plan.scheduled(), asked, "{what}");
+        }
+        if lengths == varied.as_slice() {
+            t.assert_there_for(&run, KernelFamily::Seesaw, &what);
         }
     }
 }
@@ -538,7 +511,7 @@ enum ScaleArg {
 /// A decode captured with the scale `arg` as a device tensor, replayed with new values in
 /// it: each replay matches the CPU backend given the value, and a value not finite and
 /// positive raises the device flag.
-fn captured_decode_reads_a_new_scale(arg: ScaleArg) {
+fn captured_decode_reads_a_new_scale(t: &mut Tally, arg: ScaleArg) {
     // The fp8-query mode's rows fit one tile of every kernel, where the GPU rounds P at the
     // CPU backend's maxima (see cuda_contract's fp8-query tests): a close comparison.
     let (lens, values): (&[usize], [f32; 3]) = match arg {
@@ -551,9 +524,7 @@ fn captured_decode_reads_a_new_scale(arg: ScaleArg) {
     s.q_scale = values[0];
     let mut case = Case::new(s);
     case.fp8_query = arg == ScaleArg::Q;
-    let Some(mut dec) = gpu::open(&case.config()) else {
-        return;
-    };
+    let mut dec = t.open(&case);
     let st = gpu::stream(&dec);
     let mut p = Problem::generate(&case.spec).unwrap();
     let dp = p.to_device(&st).unwrap();
@@ -580,7 +551,7 @@ fn captured_decode_reads_a_new_scale(arg: ScaleArg) {
         };
         let (graph, captured) =
             gpu::capture(&st, || dec.forward(&inputs, &mut out.views().unwrap()));
-        captured.unwrap();
+        t.count(&captured.unwrap());
         graph
     };
     for k in values {
@@ -615,27 +586,13 @@ fn captured_decode_reads_a_new_scale(arg: ScaleArg) {
     }
 }
 
-#[test]
-fn a_captured_decode_reads_a_new_k_scale_from_the_device() {
-    captured_decode_reads_a_new_scale(ScaleArg::K);
-}
-
-#[test]
-fn a_captured_decode_reads_a_new_q_scale_from_the_device() {
-    captured_decode_reads_a_new_scale(ScaleArg::Q);
-}
-
-#[test]
-fn decodes_run_on_a_stream_of_the_callers() {
+fn decodes_run_on_a_stream_of_the_callers(t: &mut Tally) {
     let case = Case::new(spec(32, 16, &[2000, 5, 900], 2, Mask::Causal));
-    let Some(mut dec) = gpu::open(&case.config()) else {
-        return;
-    };
+    let mut dec = t.open(&case);
     let side = dec.cuda_context().unwrap().new_stream().unwrap();
     dec.set_cuda_stream(side.clone()).unwrap();
     assert_eq!(gpu::stream(&dec).cu_stream(), side.cu_stream());
-    let run = gpu::run_case_on(&mut dec, &case);
-    gpu::assert_close(&case, &run);
+    t.check_on(&mut dec, &case);
 }
 
 #[test]

@@ -1,17 +1,31 @@
 //! A small suite for compute-sanitizer (memcheck, racecheck): every kernel path on tiny
-//! problems, including tails, padded heads, empty splits and bad block ids. It runs as a
-//! plain test too; scripts/gpu/run.sh runs it under the sanitizer.
+//! problems, including tails, padded heads, empty splits and bad block ids, once per kernel
+//! setting (`sanitize::as_shipped`, `sanitize::forced_seesaw`, ..., `sanitize::device_schedule`).
+//! It runs as a plain test too; scripts/gpu/run.sh runs each setting under the sanitizer in a
+//! process of its own (`cuda_sanitize --exact sanitize::forced_seesaw`).
 #![cfg(feature = "cuda")]
 
 mod common;
 
+use common::gpu::kernels::{Kernels, Tally};
 use common::gpu::{self, DeviceOutputs};
 use common::{Case, spec};
 use mla::synth::Problem;
 use mla::{Error, KvFormat, Mask, ModelDtype};
 
-#[test]
-fn sanitize_every_kernel_path() {
+/// Every case of the suite under `kernels`.
+fn sanitize(kernels: Kernels) {
+    let Some(mut t) = Tally::start("cuda_sanitize", kernels) else {
+        return;
+    };
+    every_kernel_path(&mut t);
+    bad_block_ids(&mut t);
+    t.finish();
+}
+
+kernel_tests!(sanitize);
+
+fn every_kernel_path(t: &mut Tally) {
     let mut cases = Vec::new();
     for (model, kv) in common::formats() {
         // 20 heads: a padded row group (on Hopper, 2 tokens packed in 40 rows of the wgmma
@@ -34,9 +48,9 @@ fn sanitize_every_kernel_path() {
     packed_seesaw.fixed_splits = Some(2);
     packed_seesaw.window = Some(2500);
     cases.push(packed_seesaw);
-    // 128 single-token heads over 32-key pages, windowed: the seesaw kernel (forced), and with
-    // MLA_SCHEDULE=1 its scheduled variant, whose persistent CTAs walk several pieces each
-    // (the mbarriers set up again between them).
+    // 128 single-token heads over 32-key pages, windowed: the seesaw kernel (forced), and on
+    // the device schedule its scheduled variant, whose persistent CTAs walk several pieces
+    // each (the mbarriers set up again between them).
     let mut wide = Case::new(spec(128, 32, &[3000, 5, 0, 1500, 700], 1, Mask::Causal));
     wide.window = Some(2000);
     cases.push(wide);
@@ -91,16 +105,12 @@ fn sanitize_every_kernel_path() {
     }
     for (i, case) in cases.iter().enumerate() {
         // Which case a sanitizer report comes from (its reports interleave with these lines).
-        eprintln!("sanitize case {i}");
-        let Some(run) = gpu::run_case(case) else {
-            return;
-        };
-        gpu::assert_close(case, &run);
+        gpu::say(&format!("sanitize case {i}, {}", t.kernels()));
+        t.check(case);
     }
 }
 
-#[test]
-fn sanitize_bad_block_ids() {
+fn bad_block_ids(t: &mut Tally) {
     // fp8 under f16 takes the mma kernel; on Hopper 128 bf16 heads the wgmma kernel, 64
     // fp8 heads its fp8 twin and 8 heads x 2 tokens the narrow kernel.
     for (heads, model, kv, q_len) in [
@@ -113,9 +123,7 @@ fn sanitize_bad_block_ids() {
         s.kv_format = kv;
         s.model_dtype = model;
         let case = Case::new(s);
-        let Some(mut dec) = gpu::open(&case.config()) else {
-            return;
-        };
+        let mut dec = t.open(&case);
         let st = gpu::stream(&dec);
         let p = Problem::generate(&case.spec).unwrap();
         let mut dp = p.to_device(&st).unwrap();
@@ -124,8 +132,10 @@ fn sanitize_bad_block_ids() {
         table[3] = 1 << 30;
         st.memcpy_htod(&table, &mut dp.block_table).unwrap();
         let mut out = DeviceOutputs::poisoned(&st, &p).unwrap();
-        dec.forward(&dp.inputs(&p, false).unwrap(), &mut out.views().unwrap())
+        let plan = dec
+            .forward(&dp.inputs(&p, false).unwrap(), &mut out.views().unwrap())
             .unwrap();
+        t.count(&plan);
         assert!(matches!(
             dec.check_device_errors(),
             Err(Error::DeviceCheck { bits: 4 })

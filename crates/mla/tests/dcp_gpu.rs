@@ -2,14 +2,16 @@
 //! DCP decode must match the f64 reference over the whole sequence, within the contract's
 //! tolerances, for bf16 and fp8 caches, an f16 model, uneven lengths (requests that leave a
 //! rank with no key), both merges and both ways of making a group. Skips, saying why, where
-//! there is no NCCL, fewer than two GPUs, or no `nccl` feature.
+//! there is no NCCL, fewer than two GPUs, or no `nccl` feature; fails there with
+//! `MLA_REQUIRE_GPU=1`.
 
-#[cfg(feature = "nccl")]
+#[cfg(feature = "cuda")]
 mod common;
 
 #[cfg(feature = "nccl")]
 mod on_gpus {
     use super::common::dcp::{config, rank_reference};
+    use super::common::gpu::skip;
     use super::common::{LSE_TOL, O_TOL};
     use mla::dcp::problem::RankProblem;
     use mla::dcp::{DcpDecode, DcpGroup, DcpId, DcpMerge, available};
@@ -20,7 +22,7 @@ mod on_gpus {
 
     const WORLD: usize = 2;
 
-    /// Whether two GPUs and NCCL are here; prints why not.
+    /// Whether two GPUs and NCCL are here; skips the test, saying why, where not.
     fn ready() -> bool {
         match available(WORLD) {
             Ok(v) => {
@@ -28,7 +30,7 @@ mod on_gpus {
                 true
             }
             Err(why) => {
-                eprintln!("dcp_gpu skipped: {why}");
+                skip(&why);
                 false
             }
         }
@@ -152,8 +154,8 @@ mod on_gpus {
     }
 }
 
-#[cfg(not(feature = "nccl"))]
+#[cfg(all(feature = "cuda", not(feature = "nccl")))]
 #[test]
 fn dcp_gpu_needs_the_nccl_feature() {
-    eprintln!("dcp_gpu skipped: built without the nccl feature");
+    common::gpu::skip("built without the nccl feature");
 }

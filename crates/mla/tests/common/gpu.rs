@@ -1,5 +1,5 @@
-//! GPU test helpers: open the device (or say why a test skips), copy a problem to it, run a
-//! case, and compare with the CPU backend and the f64 reference.
+//! What the GPU tests share: open the device (or say why a test skips), copy a problem to it,
+//! run a case, and compare with the CPU backend and the f64 reference.
 #![allow(dead_code)]
 
 use mla::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -14,6 +14,8 @@ pub use mla::synth::device::{DeviceCache, DeviceOutputs, DeviceProblem};
 
 use super::Case;
 
+pub mod kernels;
+
 /// What `launch` enqueues on `st`, captured into a graph (not run), and what it returned.
 pub fn capture<T>(st: &Arc<CudaStream>, launch: impl FnOnce() -> T) -> (CudaGraph, T) {
     st.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -26,44 +28,63 @@ pub fn capture<T>(st: &Arc<CudaStream>, launch: impl FnOnce() -> T) -> (CudaGrap
     (graph, returned)
 }
 
-/// The decoder on CUDA device 0, or None where there is none. The first skip of a test
-/// binary says why on stderr, written directly so that the test harness does not hide it.
+/// Whether this run must have a GPU: `MLA_REQUIRE_GPU=1` (scripts/gpu/run.sh sets it on the GPU
+/// machine), so that a GPU that cannot be opened fails the tests instead of skipping them.
+pub fn gpu_required() -> bool {
+    std::env::var_os("MLA_REQUIRE_GPU").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Skips the running test, saying why, or fails it where a GPU is required ([`gpu_required`]).
+pub fn skip(why: &str) {
+    assert!(
+        !gpu_required(),
+        "MLA_REQUIRE_GPU is set and this test cannot run: {why}"
+    );
+    let exe = std::env::args().next().unwrap_or_default();
+    let stem = std::path::Path::new(&exe)
+        .file_stem()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // Cargo names a test binary `<name>-<16 hex digits>`.
+    let binary = match stem.rsplit_once('-') {
+        Some((name, hash)) if hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()) => {
+            name.to_string()
+        }
+        _ => stem.clone(),
+    };
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    say(&format!("skipped {binary}: {test}: {why}"));
+}
+
+/// Writes a line to the process's stderr directly: the test harness captures `eprintln!` of a
+/// test that passes and hides it, so a skip or a tally would otherwise never show.
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+}
+
+/// The decoder on CUDA device 0, or None (the test skipped, saying why) where there is none.
 pub fn open(cfg: &MlaConfig) -> Option<MlaDecode> {
     match MlaDecode::new(cfg, Device::Cuda(0)) {
         Ok(dec) => Some(dec),
         Err(e @ (Error::NoCudaDevice(_) | Error::CudaNotCompiled)) => {
-            say_skipped(&e);
+            skip(&e.to_string());
             None
         }
         Err(e) => panic!("opening the GPU decoder failed: {e}"),
     }
 }
 
-/// The error opening a GPU decoder with `cfg` gives, or None where there is no GPU.
-/// Panics if the decoder opens.
+/// The error opening a GPU decoder with `cfg` gives, or None (the test skipped) where there is
+/// no GPU. Panics if the decoder opens.
 pub fn open_err(cfg: &MlaConfig) -> Option<Error> {
     match MlaDecode::new(cfg, Device::Cuda(0)) {
         Ok(_) => panic!("a GPU decoder opened with {cfg:?}"),
         Err(e @ (Error::NoCudaDevice(_) | Error::CudaNotCompiled)) => {
-            say_skipped(&e);
+            skip(&e.to_string());
             None
         }
         Err(e) => Some(e),
-    }
-}
-
-/// Prints, once per process, why GPU tests skip.
-pub fn say_skipped(e: &Error) {
-    use std::io::Write;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    static SAID: AtomicBool = AtomicBool::new(false);
-    if !SAID.swap(true, Ordering::Relaxed) {
-        let exe = std::env::args().next().unwrap_or_default();
-        let name = std::path::Path::new(&exe)
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned());
-        let msg = format!("GPU tests in {} skipped: {e}\n", name.unwrap_or_default());
-        let _ = std::io::stderr().write_all(msg.as_bytes());
     }
 }
 
