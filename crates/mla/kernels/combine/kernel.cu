@@ -27,7 +27,9 @@
  * 2. the W warps of a head meet in shared memory (only when W > 1), merged in warp order by
  *    the head's warp 0, which writes o = sum / weight (and the first CTA the LSE). The order
  *    is fixed: a row's result does not depend on the run.
- * A row with no key at all gets o = 0 and lse = -inf.
+ * A row with no key at all gets o = 0 and lse = -inf; a split whose LSE is NaN (a NaN in q or
+ * in a key it read) makes the row's o and lse NaN: the maxima are taken with fmax_nan, which
+ * keeps a NaN, where fmaxf would drop it.
  *
  * Shared memory (dynamic): the staging rows, [8 warps][ROWS][32 lanes] float4, then, when
  * W > 1, the warps' sums [8][SLICE / 4] float4. ROWS, the splits a warp stages at once (at
@@ -125,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mla_decode_combine(cons
             }
             cp_async_commit();
             const float lse = lane < n ? p.part_lse[split_at(s0 + lane * W)] * LOG2E : NO_KEY_LSE;
-            const float top = fmaxf(m, warp_max(lse));
+            const float top = fmax_nan(m, warp_max(lse));  // a NaN split's LSE makes the row NaN
             cp_async_wait_group<0>();  // this lane's rows (no other lane reads them)
             if (top == NO_KEY_LSE) continue;  // no key in any split so far
             const float keep = exp2_approx(m - top);  // 0 while m is -inf
@@ -151,7 +153,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mla_decode_combine(cons
             if (w == 0) {
                 for (int v = 1; v < W; ++v) {
                     const f32x2 st = stats[slot + v];
-                    const float top = fmaxf(m, st.x);
+                    const float top = fmax_nan(m, st.x);
                     if (top == NO_KEY_LSE) continue;
                     const float a = exp2_approx(m - top), b = exp2_approx(st.x - top);
                     acc = scaled(acc, a);
@@ -169,7 +171,8 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mla_decode_combine(cons
             ((u32*)out)[0] = pack2<BF16>(acc.x * inv, acc.y * inv);
             ((u32*)out)[1] = pack2<BF16>(acc.z * inv, acc.w * inv);
             if (lane == 0 && slice == 0) {
-                p.lse[row * p.lse_row + head] = total > 0.0f ? (m + log2_approx(total)) * LN2 : NO_KEY_LSE;
+                // total is 0 (no key), NaN (a NaN split: lse NaN too) or at least 1.
+                p.lse[row * p.lse_row + head] = total == 0.0f ? NO_KEY_LSE : (m + log2_approx(total)) * LN2;
             }
         }
     }

@@ -207,10 +207,10 @@ __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
-/// Max and sum over the 32 lanes of a warp.
+/// Max and sum over the 32 lanes of a warp (the max NaN when any lane's is: fmax_nan).
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
-    for (int d = 16; d > 0; d /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, d));
+    for (int d = 16; d > 0; d /= 2) x = fmax_nan(x, __shfl_xor_sync(0xffffffffu, x, d));
     return x;
 }
 __device__ __forceinline__ float warp_sum(float x) {
