@@ -29,6 +29,15 @@ __device__ __forceinline__ float bits_to_float(u32 b) {
     return f;
 }
 
+/// The larger of a and b, NaN when either is (sm_80 and up). fmaxf returns the other operand
+/// of a NaN, so a merge that takes its maximum with fmaxf would drop a NaN LSE and report the
+/// row as having no key (lse -inf); a NaN in q or a key must reach o and lse.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+    float d;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+}
+
 /// A bf16 bit pattern as f32 (exact).
 __device__ __forceinline__ float bf16_to_float(u32 h) {
     return __int_as_float((int)(h << 16));

@@ -70,8 +70,8 @@ __device__ __forceinline__ i64 key_offset(const DecodeParams& p, int pos, i64 bl
 /// The byte offsets (key_offset) of the first TILES tiles of BN keys from keys.start, by the
 /// threads j < BN: key j of tile t at offsets(t)[j], one tile's block ids loaded after the
 /// last's offsets are stored. Loading them all first, before q's copies, spilled in the
-/// kernels at their register limit and did not start a batch-1 CTA sooner (sixteenth
-/// session), so every kernel takes this one.
+/// kernels at their register limit and did not start a batch-1 CTA sooner (clock stamps,
+/// H200, 2026-12-03, ff76794), so every kernel takes this one.
 template <int ELEM, int BN, int TILES, typename Offsets>
 __device__ __forceinline__ void first_offsets(const DecodeParams& p, int req, KeyRange keys, int j,
                                               Offsets offsets) {
@@ -155,7 +155,7 @@ __device__ __forceinline__ void store_pairs(const DecodeParams& p, i64 at, int r
 /// partials into the workspace (16 bytes a lane), or with one split rounded into o. Stored
 /// from the fragments directly (pairs 8 columns apart, 8 rows a warp instruction), a 64-head
 /// CTA's rounded outputs took 8,600 cycles after a one-tile split, its partials 5,400
-/// (MLA_EXP_STAMPS, BENCHMARKS.md, sixteenth session); the fp8 products' permuted columns
+/// (clock stamps, H200, 2026-12-03, ff76794); the fp8 products' permuted columns
 /// (decode_mma's v_col) go back in place here too.
 template <bool BF16, int L>
 struct StagedRows {

@@ -37,25 +37,10 @@ __device__ __forceinline__ u32 dynamic_smem_bytes() {
     return n;
 }
 
-// Experiment (MLA_EXTRA_DEFINES="-DMLA_CP_L2=128"): the L2 prefetch size cp.async asks for on
-// a miss (64, 128 or 256 bytes; 0, the default: none), as CUTLASS's sm_80 copies do. A key
-// row is 1152 (bf16) or 576 (fp8) contiguous bytes read by 16-byte copies.
-#ifndef MLA_CP_L2
-#define MLA_CP_L2 0
-#endif
-
 /// 16 bytes global -> shared, asynchronously; with `valid` false, 16 zero bytes and no read.
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
     const int n = valid ? 16 : 0;
-#if MLA_CP_L2 == 64 || MLA_CP_L2 == 128 || MLA_CP_L2 == 256
-#define MLA_STR2(x) #x
-#define MLA_STR(x) MLA_STR2(x)
-    asm volatile("cp.async.cg.shared.global.L2::" MLA_STR(MLA_CP_L2) "B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-                 "r"(n)
-                 : "memory");
-#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n) : "memory");
-#endif
 }
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;" ::: "memory");
@@ -222,10 +207,10 @@ __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
-/// Max and sum over the 32 lanes of a warp.
+/// Max and sum over the 32 lanes of a warp (the max NaN when any lane's is: fmax_nan).
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
-    for (int d = 16; d > 0; d /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, d));
+    for (int d = 16; d > 0; d /= 2) x = fmax_nan(x, __shfl_xor_sync(0xffffffffu, x, d));
     return x;
 }
 __device__ __forceinline__ float warp_sum(float x) {
@@ -233,51 +218,3 @@ __device__ __forceinline__ float warp_sum(float x) {
     for (int d = 16; d > 0; d /= 2) x += __shfl_xor_sync(0xffffffffu, x, d);
     return x;
 }
-
-/// Kernel development (MLA_EXP_STAMPS in MLA_EXTRA_DEFINES, never in a shipped build; results
-/// unchanged): thread 0 of a CTA stamps the SM clock at numbered points of its run (`mark`),
-/// and the CTAs with blockIdx.x 0 and blockIdx.y 0 or last print the stamps (cycles since the
-/// first) with the global timer (ns) at the first, so that the phases of a batch-1 decode and
-/// the gap between two kernels can be read off (`mla-stamps` lines; docs/kernels.md). Without
-/// the define it is empty and every call compiles to nothing.
-struct Stamps {
-    static constexpr int POINTS = 12;
-#ifdef MLA_EXP_STAMPS
-    u32 at[POINTS];
-    u64 start_ns;
-#endif
-    __device__ __forceinline__ void begin() {
-#ifdef MLA_EXP_STAMPS
-        if (threadIdx.x == 0) {
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start_ns));
-            at[0] = (u32)clock();
-#pragma unroll
-            for (int i = 1; i < POINTS; ++i) at[i] = at[0];
-        }
-#endif
-    }
-    __device__ __forceinline__ void mark(int i) {
-#ifdef MLA_EXP_STAMPS
-        if (threadIdx.x == 0) at[i] = (u32)clock();
-#else
-        (void)i;
-#endif
-    }
-    __device__ __forceinline__ void print(const char* kernel) {
-#ifdef MLA_EXP_STAMPS
-        u64 end_ns;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(end_ns));
-        u32 sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        if (threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.x == 0 && blockIdx.z == 0 &&
-            (blockIdx.y == 0 || blockIdx.y + 1 == gridDim.y)) {
-            printf("mla-stamps %s cta %d,%d sm %u start_ns %llu end_ns %llu cycles %u %u %u %u %u %u %u %u %u %u %u\n",
-                   kernel, blockIdx.x, blockIdx.y, sm, start_ns, end_ns, at[1] - at[0], at[2] - at[0],
-                   at[3] - at[0], at[4] - at[0], at[5] - at[0], at[6] - at[0], at[7] - at[0], at[8] - at[0],
-                   at[9] - at[0], at[10] - at[0], at[11] - at[0]);
-        }
-#else
-        (void)kernel;
-#endif
-    }
-};

@@ -52,44 +52,9 @@ __device__ __forceinline__ void walk_pieces(const ScheduleParams& sp, int head_b
     }
 }
 
-#ifdef MLA_EXP_LPT
-/// Kernel development (MLA_EXTRA_DEFINES=-DMLA_EXP_LPT): the request of rank k when the
-/// requests are ordered longest first (ties by index), found by every warp on its own (no
-/// shared memory, no barrier): lane l ranks requests l, l + 32, ... against all of them
-/// through shuffles, O(requests^2 / 32) steps a lane.
-__device__ __forceinline__ int request_of_rank(const DecodeParams& p, int requests, int k) {
-    const int lane = threadIdx.x % 32;
-    int found = 0;
-    for (int base = 0; base < requests; base += 32) {
-        const int r = base + lane;
-        const int len_r = r < requests ? p.seq_lens[r] : -1;
-        int rank = 0;
-        for (int base2 = 0; base2 < requests; base2 += 32) {
-            const int len_u = base2 + lane < requests ? p.seq_lens[base2 + lane] : -1;
-            for (int j = 0; j < 32; ++j) {
-                const int lu = __shfl_sync(0xffffffffu, len_u, j), u = base2 + j;
-                rank += u < requests && (lu > len_r || (lu == len_r && u < r));
-            }
-        }
-        const unsigned hit = __ballot_sync(0xffffffffu, r < requests && rank == k);
-        if (hit) found = base + __ffs(hit) - 1;
-    }
-    return found;
-}
-#endif
-
 /// The split grid's piece (slot -1): job blockIdx.x, split blockIdx.y of the decode's count.
-/// With MLA_EXP_LPT the CTAs, in the order the GPU starts them (x fastest), take the longest
-/// requests' jobs and splits first.
 __device__ __forceinline__ Piece grid_piece(const DecodeParams& p) {
-#ifdef MLA_EXP_LPT
-    const int requests = p.rows / p.query_len, per_req = gridDim.x / requests;
-    const int i = blockIdx.y * gridDim.x + blockIdx.x, mine = i % (per_req * p.num_kv_splits);
-    const int req = request_of_rank(p, requests, i / (per_req * p.num_kv_splits));
-    return {req * per_req + mine % per_req, mine / per_req, p.num_kv_splits, -1, 0, 0};
-#else
     return {(int)blockIdx.x, (int)blockIdx.y, p.num_kv_splits, -1, 0, 0};
-#endif
 }
 
 /// The keys piece `pc` of a job whose keys are `job` reads: scheduled, its blocks clipped to
@@ -105,7 +70,7 @@ __device__ __forceinline__ KeyRange piece_keys(KeyRange job, const Piece& pc) {
 /// scheduled, the split grid's row otherwise.
 __device__ __forceinline__ i64 piece_at(const DecodeParams& p, const Piece& pc, int job_rows, int r, int row,
                                         int head) {
-    // The split grid's split is the piece's (blockIdx.y, or under MLA_EXP_LPT grid_piece's order).
+    // The split grid's split is the piece's (blockIdx.y).
     if (pc.slot < 0) return grid_at(p, row, head, pc.split);
     return pc.splits == 1 ? -1 : (i64)pc.slot * job_rows + r;
 }

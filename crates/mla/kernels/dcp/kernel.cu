@@ -44,10 +44,11 @@ __device__ __forceinline__ void store8(void* dst, const float v[COLS]) {
     *(u32x4*)dst = {pack2<BF16>(v[0], v[1]), pack2<BF16>(v[2], v[3]), pack2<BF16>(v[4], v[5]), pack2<BF16>(v[6], v[7])};
 }
 
-/// lse = m + log(sum_r e^(lse_r - m)) over `n` values `stride` apart; -inf when all are.
+/// lse = m + log(sum_r e^(lse_r - m)) over `n` values `stride` apart; -inf when all are,
+/// NaN when one is (its o is NaN too: the merge keeps both).
 __device__ __forceinline__ float merged_lse(const float* lse, int n, i64 stride) {
     float m = neg_inf();
-    for (int r = 0; r < n; ++r) m = fmaxf(m, lse[r * stride]);
+    for (int r = 0; r < n; ++r) m = fmax_nan(m, lse[r * stride]);
     if (m == neg_inf()) return m;  // no key on any rank: -inf - -inf would be NaN
     float s = 0.0f;
     for (int r = 0; r < n; ++r) s += expf(lse[r * stride] - m);  // e^-inf = 0

@@ -253,14 +253,8 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     const int row = pc.job / head_blocks;
     const int head0 = (pc.job % head_blocks) * ROWS;
     const int splits = pc.splits;
-    Stamps stamps;  // MLA_EXP_STAMPS only
-    stamps.begin();
-#ifdef MLA_EXP_EMPTY
-    return;  // kernel development: a decode's launch costs alone (results wrong)
-#endif
 
     const KeyRange keys = piece_keys(row_keys(p, row, threadIdx.x == 0 && pc.split == 0), pc);
-    stamps.mark(1);
     if (keys.start >= keys.end) {
         if (splits == 1) {
             write_empty<ROWS, THREADS, L>(p, row, head0);
@@ -280,13 +274,11 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     load_q(p, sm, row, head0);
     cp_async_commit();  // q in a group of its own: an fp8 decode rewrites it while tiles fly
     __syncthreads();
-    stamps.mark(2);
     // Tiles 0 .. STAGES - 2 in flight, one commit group each.
     for (int t = 0; t < STAGES - 1; ++t) {
         if (t < tiles) load_tile(p, sm, sm.offsets(t), t);
         cp_async_commit();
     }
-    stamps.mark(3);
     // The scores' scale, base 2: fp8 takes k_scale here (and a bf16 q's power of two, or the
     // fp8-query mode's q_scale).
     float sc = p.scale_log2;
@@ -320,7 +312,6 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         const int st = t % STAGES;
         cp_async_wait_group<STAGES - 2>();  // tile t landed (the newer STAGES - 2 may fly on)
         __syncthreads();                     // ... for every thread; all are done with tile t - 1
-        if (t == 0) stamps.mark(4);
         const int issue = t + STAGES - 1;    // into the stage tile t - 1 used
         if (issue < tiles) load_tile(p, sm, sm.offsets(issue % STAGES), issue % STAGES);
         cp_async_commit();
@@ -416,7 +407,6 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
             *(u32*)(prow + 8 * BNP + n * 8) = pack_p<QFP8, MMA_BF16>(p2, p3);
         }
         __syncthreads();  // P of the whole row group is in shared memory
-        if (t == 0) stamps.mark(5);
 
         // 6. O = O * alpha + P V for columns wc * COLS_W .. + COLS_W.
 #pragma unroll
@@ -449,9 +439,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         // Tile t + STAGES's offsets go where tile t's were (issued STAGES - 1 iterations ago);
         // the next iteration's barrier publishes them.
         if (tid < BN) sm.offsets(st)[tid] = key_offset<KV_ELEM>(p, ahead, next_block);
-        if (t == 0) stamps.mark(6);
     }
-    stamps.mark(7);
 
     // 7. row sums across the quad and the row group's warps, then O / l and the LSE.
     l[0] = quad_sum(l[0]);
@@ -495,8 +483,6 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         at = piece_at(p, pc, ROWS, r, row, head);
         return head < p.heads;
     });
-    stamps.mark(8);
-    stamps.print("mma");
 }
 
 }  // namespace

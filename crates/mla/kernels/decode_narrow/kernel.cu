@@ -52,11 +52,6 @@
  * column's q by a power of two first), so that the tensor cores multiply the codes as they
  * landed: no conversion anywhere. NOTES.md, "fp8 caches", has the numbers and the error.
  *
- * Kernel-development switches (MLA_EXTRA_DEFINES, fp8 only, never in a shipped build):
- * MLA_EXP_NO_S, MLA_EXP_NO_PV drop a product, MLA_EXP_NO_VF the value fragments' loads (to
- * time the rest; results are wrong); MLA_EXP_CHAINS (S^T's accumulators, 6), MLA_EXP_PART
- * (m-tiles of a value pass, 2 or 4).
- *
  * Compile-time configuration (-D):
  *   MLA_L, MLA_R  latent and rotary widths (L = 512, (L + R) % 64 == 0)
  *   MLA_BF16      1: the model dtype is bf16, 0: f16
@@ -100,15 +95,10 @@ constexpr int S_CHAINS = 3;              // independent accumulators of S^T
 // fp8: S^T's accumulators, a k-step of 32 each in turn (3 steps a chain). fp8 wgmma keeps
 // 13 bits of its accumulator, truncated: each step shrinks a chain's sum by up to 2^-13,
 // which biases the LSE (3 chains of 6 steps: 1.2e-3 to 1.5e-3 at scores scaled by 2; NOTES.md).
-#ifndef MLA_EXP_CHAINS
-#define MLA_EXP_CHAINS 6
-#endif
-constexpr int FP8_CHAINS = MLA_EXP_CHAINS;
-// fp8: the value product's m-tiles a pass (MLA_EXP_PART: 2, or 4, all of a latent half: with
-// the 128-byte chunks that spilled 4 bytes; the second call measured 2 about 1% faster).
-#ifndef MLA_EXP_PART
-#define MLA_EXP_PART 2
-#endif
+constexpr int FP8_CHAINS = 6;
+// fp8: the value product's m-tiles a pass (4, all of a latent half, spilled 4 bytes with the
+// 128-byte chunks and was about 1% slower; NOTES.md).
+constexpr int FP8_PART_TILES = 2;
 // + the producer warpgroup (one warp works). Under fp8 no producer: each consumer
 // warpgroup's warp 0 issues its own tiles' copies (issue_tile), so that its threads get 254
 // registers (ptxas gives every thread of a wgmma kernel the even split of its warpgroups,
@@ -480,11 +470,9 @@ __device__ __forceinline__ void consume_fp8(const TmaParams& np, const Smem& sm,
             // 4 k-steps of 32 codes a chunk; the last chunk's past D are not read.
             constexpr int LAST = (D - (CHUNKS - 1) * CHUNK_CODES) / 32;
 #pragma unroll
-#ifndef MLA_EXP_NO_S
             for (int k = 0; k < (c + 1 < CHUNKS ? CHUNK_CODES / 32 : LAST); ++k) {
                 wgmma_m64n32k32_fp8<KV>(sch[(4 * c + k) % FP8_CHAINS], desc_at(kd, 32 * k), desc_at(qd, 32 * k), 1);
             }
-#endif
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -565,7 +553,7 @@ __device__ __forceinline__ void consume_fp8(const TmaParams& np, const Smem& sm,
         // The lane made opaque each tile: else the fragments' swizzled offsets (lane-dependent,
         // a dozen) are computed once and kept across the loop, which spilled.
         const int lane_now = (int)opaque_u32((u32)lane);
-        constexpr int MT = MLA_EXP_PART;
+        constexpr int MT = FP8_PART_TILES;
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2) {
 #pragma unroll
@@ -573,13 +561,9 @@ __device__ __forceinline__ void consume_fp8(const TmaParams& np, const Smem& sm,
                 u32 a[BN / 32][MT][4];
 #pragma unroll
                 for (int kk = 0; kk < BN / 32; ++kk) {
-#ifndef MLA_EXP_NO_VF
                     // This warp's 64 columns: half (OWN h2 + w4) % 2 of value chunk (OWN h2 + w4) / 2.
                     const int v64 = OWN * h2 + w4;
                     value_fragments<MT>(chunk(t, v64 / 2), 4 * (v64 % 2), kk, part, lane_now, first, keys, edge, a[kk]);
-#else
-                    for (int j = 0; j < MT; ++j) a[kk][j][0] = a[kk][j][1] = a[kk][j][2] = a[kk][j][3] = (u32)lane_now;
-#endif
                 }
                 if (h2 == 1 && part == OWN / MT - 1) {  // this warp's reads of the tile are done
                     __syncwarp();
@@ -599,11 +583,7 @@ __device__ __forceinline__ void consume_fp8(const TmaParams& np, const Smem& sm,
                     for (int term = 0; term < 2; ++term) {
 #pragma unroll
                         for (int j = 0; j < MT; ++j) {
-#ifndef MLA_EXP_NO_PV
                             wgmma_m64n16k32_rs_fp8<KV>(acc[j], a[kk][j], desc_at(pd, term * N * 64 + kk * 32), 1);
-#else
-                            acc[j][0] += __uint_as_float(a[kk][j][term]);
-#endif
                         }
                     }
                 }

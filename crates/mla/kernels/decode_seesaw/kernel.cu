@@ -60,9 +60,6 @@
  *   MLA_SCHED     1 (unpacked only): the argument is a TmaScheduleParams, the grid (CTAs, head
  *                 blocks); each persistent CTA walks the device schedule's pieces
  *                 (common/schedule.cuh), the mbarriers set up again after each piece
- * Kernel-development switches (MLA_EXTRA_DEFINES, never in a shipped build): MLA_EXP_TRACE
- * prints, for CTA (0, 0), when each warpgroup reached 8 points of steps 8 to 15 (SM clock;
- * `trace` says which).
  */
 #include "common/keys.cuh"
 #include "common/ptx.cuh"
@@ -125,30 +122,6 @@ struct Smem {
 };
 
 }  // namespace
-
-/// Kernel development (MLA_EXP_TRACE, results unchanged): lane 0 of each warpgroup's first warp
-/// stamps the SM clock at 8 points of steps 8 to 15 into the row sums' place (unused until
-/// the end), and CTA (0, 0) prints them after the loop (scripts/gpu/seesaw_trace.py makes a
-/// table of them). Warpgroup 0's points: 0 the step starts, 1 hand-over 1 sent, 2 P0 V00
-/// done, 3 hand-over 2 taken, 4 hand-over 3 sent, 5 hand-over 4 taken, 6 P1 V10 done, 7 the
-/// next scores done; warpgroup 1's: 0 hand-over 1 taken, 1 hand-over 2 sent, 2 P1 V11
-/// issued, 3 hand-over 3 taken, 4 P1 V11 done, 5 P0 V01 done, 6 the next scores' first chunk
-/// landed, 7 the next scores done.
-#ifdef MLA_EXP_TRACE
-constexpr int TRACE_STEPS = 8, TRACE_EVENTS = 8;
-#endif
-__device__ __forceinline__ void trace(const Smem& sm, int step, int ev) {
-#ifdef MLA_EXP_TRACE
-    const int wg = threadIdx.x / 128;
-    if (threadIdx.x % 128 == 0 && step >= 8 && step < 8 + TRACE_STEPS) {
-        st_shared_u32(sm.sums(0, 0) + 4 * ((wg * TRACE_STEPS + step - 8) * TRACE_EVENTS + ev), (u32)clock());
-    }
-#else
-    (void)sm;
-    (void)step;
-    (void)ev;
-#endif
-}
 
 /// Shared memory the kernel needs (the host checks it against its own count).
 extern "C" __constant__ int mla_decode_smem_bytes =
@@ -578,12 +551,10 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
         }
         u32 pb[16];  // this warpgroup's P of the step, wgmma's A fragment
         if (wg == 0) {
-            trace(sm, step, 0);
             float m[2] = {ld_shared_f32(sm.max(r0)), ld_shared_f32(sm.max(r0 + 8))}, a[2];
             next_max(s, m, a, first, in0, keys, sm, r0, sc, lane);
             publish_max(sm, 0, m, a, r0, lane);
             mbar_arrive(sm.hand(1));  // m0, 2^(m - m0): warpgroup 1's softmax starts meanwhile
-            trace(sm, step, 1);
             rescale(o, a[0], a[1]);
             l[0] *= a[0];
             l[1] *= a[1];
@@ -594,13 +565,11 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
             }
             pv_own(o, pb, sm.k(0));
             wgmma_wait<0>();
-            trace(sm, step, 2);
             // K0's first half is read (S0, P0 V00): tile t0 + 2's copies.
             if (issuer && more) issue<0, HALF, false>(p, map, sm, 0, boxes, box[0], lane);
             float b[2] = {1.0f, 1.0f};
             if (has1) {
                 mbar_wait(sm.hand(2), parity);  // m1, 2^(m0 - m1)
-                trace(sm, step, 3);
                 b[0] = ld_shared_f32(sm.scale1(r0));
                 b[1] = ld_shared_f32(sm.scale1(r0 + 8));
                 rescale_p(pb, b[0], b[1]);  // P0 relative to m1, for warpgroup 1's product
@@ -608,7 +577,6 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
             store_p(pb, sm.p(0), r0, lane);
             fence_proxy_async();
             mbar_arrive(sm.hand(3));  // P0, final
-            trace(sm, step, 4);
             if (has1) {
                 rescale(o, b[0], b[1]);
                 l[0] *= b[0];
@@ -618,7 +586,6 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
                     named_barrier(1, 128);
                 }
                 mbar_wait(sm.hand(4), parity);  // P1, and warpgroup 1's P0 V01 issued before this product
-                trace(sm, step, 5);
                 pv(o, sm.p(1), sm.k(1));
                 // One branch holds the next scores whole: a branch that a wgmma is in flight
                 // across, on one side of it only, makes ptxas serialize every wgmma of the
@@ -629,18 +596,15 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
                     scores<0, HALF, false>(s, sm, 0, parity ^ 1);
                     wgmma_commit();
                     wgmma_wait<1>();
-                    trace(sm, step, 6);
                     // K1's first half is read (S1, P1 V10): tile t1 + 2's copies.
                     if (issuer && more1) issue<0, HALF, false>(p, map, sm, 1, boxes, box[1], lane);
                     scores<HALF, CHUNKS, true>(s, sm, 0, parity ^ 1);
                     wgmma_commit();
                 }
                 wgmma_wait<0>();
-                trace(sm, step, 7);
             }
         } else {
             mbar_wait(sm.hand(1), parity);
-            trace(sm, step, 0);
             float m[2];
 #pragma unroll
             for (int h = 0; h < 2; ++h) m[h] = ld_shared_f32(sm.max(r0 + 8 * h));
@@ -651,7 +615,6 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
                 next_max(s, m, b, first + BN, in1, keys, sm, r0, sc, lane);
                 publish_max(sm, 1, m, b, r0, lane);
                 mbar_arrive(sm.hand(2));  // m1, 2^(m0 - m1): warpgroup 0 rescales P0 meanwhile
-                trace(sm, step, 1);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     a[h] *= b[h];
@@ -666,7 +629,6 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
                 }
                 // The own P first, from registers: it waits for nothing of warpgroup 0's.
                 pv_own(o, pb, sm.k(1) + HALF * CHUNK_BYTES);
-                trace(sm, step, 2);
                 fence_proxy_async();  // P1 for warpgroup 0's wgmma (hand-over 4)
             } else {
                 rescale(o, a[0], a[1]);
@@ -678,31 +640,26 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
                 named_barrier(2, 128);
             }
             mbar_wait(sm.hand(3), parity);  // P0, relative to m1
-            trace(sm, step, 3);
             pv(o, sm.p(0), sm.k(0) + HALF * CHUNK_BYTES);
             if (has1) {
                 // P1, and P0 V01 ahead of warpgroup 0's P1 V10 in the tensor cores' queue:
                 // K0's second half, which warpgroup 0's next scores wait for, is free sooner.
                 mbar_arrive(sm.hand(4));
                 wgmma_wait<1>();
-                trace(sm, step, 4);
                 // K1's second half and rotary chunk are read (S1, P1 V11): tile t1 + 2's copies.
                 if (issuer && more1) issue<HALF, 2 * HALF, true>(p, map, sm, 1, boxes, box[1], lane);
             }
             wgmma_wait<0>();
-            trace(sm, step, 5);
             // K0's second half and P0 (in its rotary chunk) are read: tile t0 + 2's copies.
             if (issuer && more) issue<HALF, 2 * HALF, true>(p, map, sm, 0, boxes, box[0], lane);
             if (more1) {
                 // K1's second half first: warpgroup 0 copies its first half only once P1 V10 is
-                // done. (Its first chunk alone: the trace's point 6 is when it landed.)
+                // done (its first chunk in a call of its own).
                 scores<HALF, HALF + 1, false>(s, sm, 1, parity ^ 1);
-                trace(sm, step, 6);
                 scores<HALF + 1, CHUNKS, true>(s, sm, 1, parity ^ 1);
                 scores<0, HALF, true>(s, sm, 1, parity ^ 1);
                 wgmma_commit();
                 wgmma_wait<0>();
-                trace(sm, step, 7);
             }
         }
     }
@@ -718,18 +675,6 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
         out_pc.splits = (int)ld_shared_u32(sm.piece() + 8);
     }
     const Rows out_rows = MLA_SCHED ? Rows(p, out_pc.job) : PACK ? Rows(p, (int)opaque_u32(pc.job)) : rows;
-#ifdef MLA_EXP_TRACE
-    __syncthreads();
-    if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) {
-        for (int i = 0; i < 2 * TRACE_STEPS; ++i) {
-            const u32 at = sm.sums(0, 0) + 4 * TRACE_EVENTS * i;
-            printf("mla-trace wg %d step %d: %u %u %u %u %u %u %u %u\n", i / TRACE_STEPS, 8 + i % TRACE_STEPS,
-                   ld_shared_u32(at), ld_shared_u32(at + 4), ld_shared_u32(at + 8), ld_shared_u32(at + 12),
-                   ld_shared_u32(at + 16), ld_shared_u32(at + 20), ld_shared_u32(at + 24), ld_shared_u32(at + 28));
-        }
-    }
-    __syncthreads();
-#endif
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         l[h] = quad_sum(l[h]);

@@ -33,11 +33,6 @@
  * products then in f16 with k_scale on the scores and the output, and a bf16 q rewritten as
  * f16 before the first tile (common/fp8.cuh, "Products in f16"); one more barrier a tile.
  *
- * Kernel-development switches (MLA_EXTRA_DEFINES, never in a shipped build): MLA_EXP_NO_S,
- * MLA_EXP_NO_PV, MLA_EXP_NO_LOAD drop a stage to time the rest (results are wrong);
- * MLA_EXP_L2_LOAD copies every tile but always from the first two tiles' pages (the bytes
- * come from L2, not DRAM: what the copies cost apart from DRAM).
- *
  * Compile-time configuration (-D):
  *   MLA_L, MLA_R   latent and rotary widths (L = 512: two warpgroups of 256 columns;
  *                  (L + R) % 64 == 0)
@@ -314,12 +309,10 @@ __device__ __forceinline__ void pv_step(float (&o)[COLS / 2], const Smem& sm, in
     const u64 pd = opaque(smem_desc(p_addr, 16, 1024));
     const u64 vd = smem_desc(k_addr + (COLS / 64) * wg * (BN * 128), BN * 128, 1024);
     wgmma_fence();
-#ifndef MLA_EXP_NO_PV
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
         wgmma_m64n256k16_ss<MMA_BF16>(o, desc_at(pd, kk * 32), desc_at(vd, kk * 2 * 1024), 1);
     }
-#endif
     wgmma_commit();
     wgmma_wait<0>();
 }
@@ -339,16 +332,10 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     const Rows rows(p, pc.job);
     const int req = rows.req;
     const int splits = pc.splits;
-    Stamps stamps;  // MLA_EXP_STAMPS only
-    stamps.begin();
-#ifdef MLA_EXP_EMPTY
-    return;  // kernel development: a decode's launch costs alone (results wrong)
-#endif
 
     const int len = request_len(p, req, tid == 0 && pc.split == 0);  // read once, for every row
     const TokensKeys cta = rows.keys(p, len, pc);
     const KeyRange keys = cta.keys;
-    stamps.mark(1);
     if (keys.start >= keys.end) {
         if (splits == 1 || !MLA_SCHED) rows.write_empty_piece<THREADS, L>(p, pc);  // a scheduled piece has keys
         return;
@@ -374,10 +361,8 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
     load_q(p, sm, rows);
     cp_async_commit();  // q in a group of its own: an fp8 decode rewrites it while tile 0 flies
     __syncthreads();
-    stamps.mark(2);
     load_tile<THREADS / 32>(p, sm, sm.offsets(0), 0, 0);
     cp_async_commit();
-    stamps.mark(3);
     // The scores' scale, base 2: fp8 takes k_scale here (and a bf16 q's power of two, or the
     // fp8-query mode's q_scale).
     float sc = p.scale_log2;
@@ -412,15 +397,10 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         cp_async_wait_group<0>();
         fence_proxy_async();
         __syncthreads();
-        if (t == 0) stamps.mark(4);
         // Warpgroup 1 waits through the scores anyway: it loads the next tile and reads the
         // block ids of the one after, so warpgroup 0 goes straight to the scores.
         if (t + 1 < tiles && wg == 1) {
-#ifdef MLA_EXP_NO_LOAD
-            if (t == 0) load_tile<4>(p, sm, sm.offsets(1), 1, 4);  // one load, reused
-#else
             load_tile<4>(p, sm, sm.offsets((t + 1) % STAGES), (t + 1) % STAGES, 4);
-#endif
         }
         cp_async_commit();
         const int lt = tid - THREADS / 2;  // warpgroup 1's thread index
@@ -469,22 +449,18 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
 #pragma unroll
                 for (int ks = 0; ks < D / 32; ++ks) {
                     const u32 at = (ks / 2) * (M * 64) + (ks % 2) * 32;
-#ifndef MLA_EXP_NO_S
                     wgmma_m64n64k32_fp8<KV>(s, desc_at(qd, at), desc_at(kd, at), ks > 0);
-#endif
                     if (V_OWN_HALF && ks < VHalf::STEPS) v_half.step(ks);
                 }
                 if (V_OWN_HALF) fence_proxy_async();
             } else {
                 const u64 qd = opaque(smem_desc(q_addr, 16, 1024)), kd = smem_desc(k_addr, 16, 1024);
                 wgmma_fence();
-#ifndef MLA_EXP_NO_S
 #pragma unroll
                 for (int ks = 0; ks < D / 16; ++ks) {
                     const u32 at = (ks / 4) * (M * 128) + (ks % 4) * 32;
                     wgmma_m64n64k16_ss<MMA_BF16>(s, desc_at(qd, at), desc_at(kd, at), ks > 0);
                 }
-#endif
             }
             wgmma_commit();
             wgmma_wait<0>();
@@ -499,18 +475,12 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
             fence_proxy_async();  // P is read by wgmma next
         }
         __syncthreads();  // P and alpha of tile t are in shared memory
-        if (t == 0) stamps.mark(5);
 
         pv_step(o, sm, r0, p_addr, k_addr, wg);
-        if (t == 0) stamps.mark(6);
         // Tile t + 2's offsets go where tile t's were; the next iteration's barrier publishes them.
-#ifndef MLA_EXP_L2_LOAD
         if (lt >= 0 && lt < BN) sm.offsets(st)[lt] = key_offset<KV_ELEM>(p, ahead, next_block);
-#endif
     }
 
-
-    stamps.mark(7);
     // 4. Row sums and the final max (warpgroup 0 holds them) to every thread, then O / l
     //    and the LSE.
     if (wg == 0) {
@@ -549,8 +519,6 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         }
         return rows.real(r, p);
     });
-    stamps.mark(8);
-    stamps.print("wgmma");
 }
 
 }  // namespace

@@ -54,12 +54,6 @@
  * split's workspace slot. k_scale (one scale for K and V) goes on the scores and the output;
  * a bf16 q is rewritten as f16 times a power of two (common/fp8.cuh, "Products in f16").
  *
- * Kernel-development switches (MLA_EXTRA_DEFINES, never in a shipped build): MLA_EXP_NO_S,
- * MLA_EXP_NO_PV drop a product with its conversions, to time the rest (results are wrong);
- * MLA_EXP_LAZY_PV1 (fp8-query mode) starts warpgroup 1's half of tile t only once warpgroup
- * 0 has the column maxima of tile t + 1 (results right; 1.03x slower in the sixteenth
- * session's measurement, hence not the default).
- *
  * Compile-time configuration (-D):
  *   MLA_L, MLA_R   latent and rotary widths (L = 512; (L + R) % 64 == 0)
  *   MLA_BF16       1: the model dtype is bf16, 0: f16
@@ -395,9 +389,7 @@ __device__ __forceinline__ void scores_to_red(float (&s)[32], u32 stage, u64 qd,
                                               int g, int c) {
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] = 0.0f;
-#ifndef MLA_EXP_NO_S
     scores(s, stage + (16 * w + g) * ROW + 16 * c, opaque(qd));
-#endif
     if (first + BN <= end) {
         column_max<false>(s, first, end, red, w, g, c);
     } else {
@@ -549,9 +541,7 @@ __device__ __forceinline__ void in_step_tiles(const DecodeParams& p, const Smem&
 
         // 3. O^T = O^T alpha + V^T P^T.
         rescale(o, sm, 0, c);
-#ifndef MLA_EXP_NO_PV
         values(o, stage + 2 * c * ROW + wg * COLS + 64 * w + 8 * g, opaque(smem_desc(pt_addr, BN * 128, 1024)));
-#endif
         // Tile t + STAGES's offsets go where tile t's were (issued STAGES - 1 tiles ago); the
         // next iteration's barrier publishes them.
         if (reads_ahead) sm.offsets(st)[lt] = key_offset<1>(p, ahead, next_block);
@@ -582,9 +572,7 @@ __device__ __forceinline__ void lead_tiles(const DecodeParams& p, const Smem& sm
         mbar_arrive(sm.p_ready(b));
         mbar_wait(sm.p_ready(b), (t / 2) & 1);  // every warp's P^T, for this warpgroup's product too
         rescale(o, sm, b, c);
-#ifndef MLA_EXP_NO_PV
         values(o, stage + 2 * c * ROW + 64 * w + 8 * g, pt_desc(sm, b));
-#endif
         mbar_arrive(sm.stage_free(st));
     }
 }
@@ -603,15 +591,10 @@ __device__ __forceinline__ void lag_tiles(const DecodeParams& p, const Smem& sm,
         const int ahead = keys.start + (t + STAGES) * BN + w + 4 * (lane % 16);
         const i64 next_block = refill ? block_of(p, req, ahead, keys.end) : NO_KEY;
         mbar_wait(sm.p_ready(b), (t / 2) & 1);
-#ifdef MLA_EXP_LAZY_PV1
-        if (t + 1 < tiles) mbar_wait(sm.maxima_ready((t + 1) % 2), ((t + 1) / 2) & 1);
-#endif
         mbar_wait(sm.landed(st), (t / STAGES) & 1);  // the codes other threads copied
         rescale(o, sm, b, c);
-#ifndef MLA_EXP_NO_PV
         values(o, opaque_u32(sm.addr(sm.stage(0))) + st * STAGE_BYTES + 2 * c * ROW + COLS + 64 * w + 8 * g,
                pt_desc(sm, b));
-#endif
         mbar_arrive(sm.p_free(b));
         mbar_arrive(sm.stage_free(st));
         if (refill) {
