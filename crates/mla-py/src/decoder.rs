@@ -100,9 +100,15 @@ impl PyMlaDecode {
         Ok(view)
     }
 
-    /// The decoder at `at` (the tensors' location), created on first use: at the device given
-    /// to the constructor, else at `at`, else on torch's current CUDA device.
-    fn decoder(&mut self, py: Python<'_>, at: Option<Location>) -> PyResult<&mut MlaDecode> {
+    /// The decoder at `at` (the location of the call's first tensor, the argument `arg`),
+    /// created on first use: at the device given to the constructor, else at `at`, else on
+    /// torch's current CUDA device. A tensor elsewhere than the decoder is an error naming `arg`.
+    fn decoder(
+        &mut self,
+        py: Python<'_>,
+        at: Option<(Location, &'static str)>,
+    ) -> PyResult<&mut MlaDecode> {
+        let (at, arg) = (at.map(|(l, _)| l), at.map_or("tensors", |(_, a)| a));
         let dec = match self.inner.take() {
             Some(dec) => dec,
             None => {
@@ -122,7 +128,7 @@ impl PyMlaDecode {
             && at != dec.location()
         {
             return Err(value_error(format!(
-                "the tensors are on {at}, but this decoder was set up on {}",
+                "{arg}: expected a tensor on {} (where this decoder runs), got one on {at}",
                 dec.location()
             )));
         }
@@ -224,7 +230,7 @@ impl PyMlaDecode {
         let kv = TorchTensor::of(kv_cache, "kv_cache")?;
         let dtype = kv_cache_dtype.parse::<CacheDtype>().map_err(to_py)?;
         let view = self.cache_view(&kv)?;
-        let dec = self.decoder(py, Some(kv.location))?;
+        let dec = self.decoder(py, Some((kv.location, "kv_cache")))?;
         py.detach(|| dec.register_decode_warmup(&view, dtype))
             .map_err(to_py)
     }
@@ -263,7 +269,7 @@ impl PyMlaDecode {
         // host outputs must not overlap anything else.
         let mut inputs_seen: Vec<TorchTensor> = Vec::with_capacity(7);
         // q: one tensor, or (q_nope, q_pe); `first` gives the device, rows and dtype.
-        let (query, first, q0) = match q.cast::<PyTuple>() {
+        let (query, first, q0, first_arg) = match q.cast::<PyTuple>() {
             Ok(parts) if parts.len() == 2 => {
                 let (nope_t, rope_t) = (parts.get_item(0)?, parts.get_item(1)?);
                 let nope = TorchTensor::of(&nope_t, "q_nope")?;
@@ -273,12 +279,12 @@ impl PyMlaDecode {
                     rope: rope.view("q_pe")?,
                 };
                 inputs_seen.push(rope);
-                (query, nope_t, nope)
+                (query, nope_t, nope, "q_nope")
             }
             Ok(_) => return Err(value_error("q: expected a tensor or a (q_nope, q_pe) pair")),
             Err(_) => {
                 let t = TorchTensor::of(q, "q")?;
-                (Query::Packed(t.view("q")?), q.clone(), t)
+                (Query::Packed(t.view("q")?), q.clone(), t, "q")
             }
         };
         let at = q0.location;
@@ -349,7 +355,7 @@ impl PyMlaDecode {
             lse: lse_t.view_mut("lse_out")?,
         };
 
-        let dec = self.decoder(py, Some(at))?;
+        let dec = self.decoder(py, Some((at, first_arg)))?;
         if dec.reserved_model_len().is_none() {
             match (max_seq_len, at) {
                 // The caller's bound sizes the scratch: no read of the lengths.

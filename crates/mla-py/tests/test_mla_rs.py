@@ -294,7 +294,9 @@ def test_the_vllm_drop_in_matches_mla_decode(kv, lse_dtype):
 @needs_gpu
 def test_argument_errors_name_the_argument():
     c = make_case(2, 16, [100, 40], 16)
-    dec = mla_rs.MlaDecode(16, SCALE)
+    # On the GPU from the start (left to the first call, a CPU q would make it a CPU decoder
+    # and the CUDA cache the argument in the wrong place).
+    dec = mla_rs.MlaDecode(16, SCALE, device="cuda")
     args = [c["q"], c["kv"], c["block_table"], c["seq_lens"]]
 
     def call(i, value, **kw):
@@ -302,7 +304,7 @@ def test_argument_errors_name_the_argument():
         a[i] = value
         return dec.forward(*a, **kw)
 
-    with pytest.raises(ValueError, match="q: expected a CUDA tensor, got one on cpu"):
+    with pytest.raises(ValueError, match="q: expected a tensor on cuda:0 .*, got one on cpu"):
         call(0, c["q"].cpu())
     with pytest.raises(ValueError, match="q: expected dtype bf16, got f32"):
         call(0, c["q"].float())
