@@ -5,10 +5,9 @@
 //! checks it against a [`DeviceInfo`], which is a plain value, so every rejection is testable
 //! without a GPU. The result, [`ValidConfig`], is what the plan and the backends read.
 
-use crate::backend::cpu::CpuKernel;
 use crate::dtype::{CacheDtype, KvFormat, ModelDtype};
 use crate::error::{Capability, Error, Result};
-use crate::kernels::KernelChoice;
+use crate::kernels::{CpuKernel, KernelChoice};
 
 /// The largest fixed split count a configuration may ask for (`MlaConfig::num_kv_splits`):
 /// the workspace grows with it, and the combine walks the splits in order.

@@ -5,61 +5,13 @@
 //! partials and LSE, the same merge. They differ in how the two products are summed.
 
 use std::fmt;
-use std::str::FromStr;
 
 #[cfg(target_arch = "x86_64")]
 use super::avx512::Avx512Bf16;
 use crate::config::ValidConfig;
 use crate::dtype::ModelDtype;
 use crate::error::{Error, Result};
-
-/// Which stage-1 kernel the CPU backend runs ([`crate::Tuning::cpu_kernel`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum CpuKernel {
-    /// The fastest path this CPU and configuration allow.
-    #[default]
-    Auto,
-    /// AVX-512 BF16 (`vdpbf16ps`): both products on bf16 values with f32 sums. Needs a CPU
-    /// with AVX-512F, AVX-512BW and AVX-512 BF16, a bfloat16 model dtype and the default
-    /// (not fp8-query) mode: those are the configurations whose multiplied values are all
-    /// bf16 numbers.
-    Avx512Bf16,
-    /// Portable Rust: the keys decoded to f32 and f32 GEMMs (`matrixmultiply`, which picks
-    /// AVX2/FMA itself where the CPU has them). Runs everywhere and every configuration.
-    Portable,
-}
-
-impl CpuKernel {
-    /// The name the CLI takes and prints.
-    pub fn name(self) -> &'static str {
-        match self {
-            CpuKernel::Auto => "auto",
-            CpuKernel::Avx512Bf16 => "avx512-bf16",
-            CpuKernel::Portable => "portable",
-        }
-    }
-}
-
-impl fmt::Display for CpuKernel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for CpuKernel {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        [CpuKernel::Auto, CpuKernel::Avx512Bf16, CpuKernel::Portable]
-            .into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| {
-                Error::config(
-                    "cpu_kernel",
-                    format!("expected auto, avx512-bf16 or portable, got {s:?}"),
-                )
-            })
-    }
-}
+pub use crate::kernels::CpuKernel;
 
 /// The CPU features the kernels care about, as found at run time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
