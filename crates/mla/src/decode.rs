@@ -276,7 +276,7 @@ impl MlaDecode {
     /// Checks and plans a decode call without running it.
     ///
     /// # Errors
-    /// See [`DecodePlan::new`].
+    /// See `DecodePlan::new`.
     pub fn plan(
         &self,
         inputs: &DecodeInputs<'_>,
@@ -294,7 +294,7 @@ impl MlaDecode {
     /// Decodes: writes o and lse for every query row. Returns the plan it ran.
     ///
     /// # Errors
-    /// Argument errors (see [`DecodePlan::new`]), value errors (negative lengths, lengths
+    /// Argument errors (see `DecodePlan::new`), value errors (negative lengths, lengths
     /// beyond the block table, block ids outside the cache) and [`Error::WorkspaceLocked`].
     /// On error the outputs are left untouched.
     pub fn forward(

@@ -8,7 +8,7 @@
 //! | [`layout`] | which rank holds a token, where, and each rank's local length | nothing |
 //! | [`merge`] | the LSE merge on the host in f32 (the kernels' math, for tests) | nothing |
 //! | [`shard`] | a generated problem's share for one rank (tests, `mla bench --dcp`) | nothing |
-//! | [`kernels`] | the DCP kernel family, built by NVRTC | `cuda` |
+//! | `kernels` | the DCP kernel family, built by NVRTC | `cuda` |
 //! | `group`, `decode` | `DcpGroup` (NCCL communicator) and `DcpDecode` | `nccl` |
 
 pub mod layout;

@@ -1,8 +1,8 @@
 //! The kernel pick: which stage-1 variant runs a decode, decided in one place.
 //!
-//! [`KernelSet::for_decoder`] decides, once per decoder, which variants it may launch (from
+//! `KernelSet::for_decoder` decides, once per decoder, which variants it may launch (from
 //! the validated configuration and the device: its architecture and shared memory, and the
-//! configuration's [`KernelChoice`]). [`KernelSet::pick`] decides, for each decode, which of
+//! configuration's [`KernelChoice`]). `KernelSet::pick` decides, for each decode, which of
 //! them runs it (from the call's metadata: heads, tokens a request, page size, keys a split,
 //! CTAs). The plan carries the pick; the split rule's cost model calls the same function for
 //! each split count it weighs; the CUDA backend launches what the plan carries.
@@ -193,7 +193,7 @@ impl Pick {
 }
 
 /// The stage-1 variants a GPU decoder may launch, decided once from its configuration and the
-/// device, and the rule that picks one for each decode ([`KernelSet::pick`]).
+/// device, and the rule that picks one for each decode (`KernelSet::pick`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct KernelSet {
     /// The kernel of single-token decodes (and of multi-token ones that take nothing else).

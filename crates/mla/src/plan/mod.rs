@@ -1,12 +1,12 @@
 //! The plan: everything about a decode call that can be decided on the host from the
 //! configuration and the arguments' metadata, before any kernel runs.
 //!
-//! [`DecodePlan::new`] checks the arguments in a fixed order (dtypes, devices, shapes,
+//! `DecodePlan::new` checks the arguments in a fixed order (dtypes, devices, shapes,
 //! strides, batch structure, values) and records what the backends need: sizes, strides,
 //! the split count and the workspace views. Backends execute a plan; they never re-derive it.
 //!
-//! [`Planner`] holds what is decided once per decoder: the split rule, the GPU kernels it may
-//! launch ([`kernel::KernelSet`]) and whether it takes the device schedule.
+//! `Planner` holds what is decided once per decoder: the split rule, the GPU kernels it may
+//! launch (`kernel::KernelSet`) and whether it takes the device schedule.
 //!
 //! - [`extents`]: which keys each query row sees.
 //! - [`kernel`]: which stage-1 kernel variant runs a decode (the one place that decides it).
@@ -124,7 +124,7 @@ pub struct DecodePlan {
 
 /// What is decided once per decoder, from its validated configuration and its device: how
 /// rows are cut into splits, the GPU kernels it may launch, whether it takes the device
-/// schedule. Every decode's plan is made from it ([`DecodePlan::new`]).
+/// schedule. Every decode's plan is made from it (`DecodePlan::new`).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Planner {
     cfg: ValidConfig,

@@ -5,10 +5,10 @@
 //!   rounded up to a power of two, at most two per SM. The CPU backend follows it exactly so
 //!   that it stays the reference.
 //! - Fill, for the GPU: the count that a small cost model of the kernels ranks cheapest
-//!   ([`fill_cost`]): enough splits that the batch gives every SM work (a batch of one request
+//!   (`fill_cost`): enough splits that the batch gives every SM work (a batch of one request
 //!   under vLLM's rule occupies 2 to 16 of 132 SMs), each split keeping enough keys to
 //!   amortize its fixed costs. The model weighs each count on the kernel the plan would pick
-//!   for it ([`KernelSet::pick`]). Where the splits fall never changes which keys a row sees.
+//!   for it (`KernelSet::pick`). Where the splits fall never changes which keys a row sees.
 //! - Single: one split per row, batch-invariant mode's.
 //! - Fixed: the configuration's count.
 
@@ -31,8 +31,8 @@ pub enum SplitRule {
         /// SMs (or CPU threads).
         sm_count: usize,
     },
-    /// The count that minimizes a cost model of the GPU kernels ([`fill_cost`]), at most
-    /// [`FILL_MAX_SPLITS`].
+    /// The count that minimizes a cost model of the GPU kernels (`fill_cost`), at most
+    /// `FILL_MAX_SPLITS`.
     Fill {
         /// SMs of the GPU.
         sm_count: usize,
@@ -180,7 +180,7 @@ impl SplitRule {
     }
 }
 
-/// The fill rule's count: the cheapest by [`fill_cost`], ties to fewer splits. The kernels
+/// The fill rule's count: the cheapest by `fill_cost`, ties to fewer splits. The kernels
 /// that only take long splits (seesaw, the narrow kernel's single tokens) only ever take
 /// fewer, longer splits than the rule without them picks, so the count stays under that rule's,
 /// which grows with the length, and a workspace reserved by it holds every batch. Both
