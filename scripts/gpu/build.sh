@@ -19,7 +19,7 @@ cargo build --release -p mla-cli --features nccl
 cp target/release/mla "$out/mla"
 
 # The test binaries, by name (cargo prints their paths as JSON).
-tests=(cuda_contract cuda_runtime cuda_batch_invariance cuda_sanitize cuda_schedule dcp_gpu)
+tests=(cuda_contract cuda_runtime cuda_batch_invariance cuda_sanitize cuda_schedule cuda_nan errors dcp_gpu)
 cargo test --release -p mla --features nccl "${tests[@]/#/--test=}" --no-run --message-format=json 2>/dev/null |
   python3 -c '
 import json, sys, shutil

@@ -80,7 +80,7 @@ run_test() {
   fi
 }
 if has tests; then
-  for t in cuda_contract cuda_runtime cuda_batch_invariance cuda_sanitize cuda_schedule; do run_test $t; done
+  for t in cuda_contract cuda_runtime cuda_batch_invariance cuda_sanitize cuda_schedule cuda_nan errors; do run_test $t; done
   # The Hopper kernels must be built of warpgroup MMAs (HGMMA in the SASS).
   for f in $(find "$MLA_CACHE_DIR" -type f); do
     n=$(cuobjdump -sass "$f" 2>/dev/null | grep -c HGMMA)

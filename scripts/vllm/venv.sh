@@ -15,4 +15,4 @@ if [ ! -f "$stamp" ]; then
   "$venv/bin/pip" install -q "vllm==$version" pytest >&2
   touch "$stamp"
 fi
-echo "$PWD/$venv"
+case "$venv" in /*) echo "$venv" ;; *) echo "$PWD/$venv" ;; esac
