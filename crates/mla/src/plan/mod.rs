@@ -8,6 +8,8 @@
 //! `Planner` holds what is decided once per decoder: the split rule, the GPU kernels it may
 //! launch (`kernel::KernelSet`) and whether it takes the device schedule.
 //!
+//! - `checks`: the argument checks, each naming the argument.
+//! - `planner`: what is decided once per decoder.
 //! - [`extents`]: which keys each query row sees.
 //! - [`kernel`]: which stage-1 kernel variant runs a decode (the one place that decides it).
 //! - [`splits`]: the split count and each split's keys.
@@ -15,8 +17,10 @@
 //! - [`schedule`]: the work schedule of a scheduled GPU decode (the GPU scheduler's
 //!   reference).
 
+mod checks;
 pub mod extents;
 pub mod kernel;
+mod planner;
 pub mod schedule;
 pub mod splits;
 pub mod workspace;
@@ -24,17 +28,20 @@ pub mod workspace;
 pub use extents::{KeyRange, Mask, key_range};
 pub use splits::{SplitRule, num_kv_splits, split_range, warmup_split_counts};
 
-use self::kernel::{Gpu, KernelSet, Pick};
-use self::splits::Batch;
-pub use workspace::{Region, WorkspaceManager};
+pub use workspace::{
+    Region, ScheduledViews, WorkspaceManager, decode_workspace, scheduled_workspace,
+};
 
-use crate::args::host_scale;
+use self::checks::{Dim, checked_scale, last_contiguous, max_seq_len, on_device, shape, stride};
+pub(crate) use self::checks::{check_kv_cache, dtype};
+use self::kernel::Pick;
+pub(crate) use self::planner::Planner;
+
 use crate::args::{DecodeInputs, DecodeOutputs, Query};
-use crate::config::{DeviceInfo, ValidConfig};
 use crate::dtype::{DType, KvFormat, ModelDtype};
 use crate::error::{Error, Result};
 use crate::kernels::KernelFamily;
-use crate::tensor::{Location, TensorRef};
+use crate::tensor::Location;
 
 /// Where the q parts are: element strides of the latent and rotary parts (for a packed q both
 /// parts share the tensor and the rotary part starts at column L).
@@ -120,124 +127,6 @@ pub struct DecodePlan {
     pub workspace_bytes: usize,
     /// The stage-1 variant a GPU decoder launches (None on the CPU).
     pub(crate) stage1: Option<Pick>,
-}
-
-/// What is decided once per decoder, from its validated configuration and its device: how
-/// rows are cut into splits, the GPU kernels it may launch, whether it takes the device
-/// schedule. Every decode's plan is made from it (`DecodePlan::new`).
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Planner {
-    cfg: ValidConfig,
-    rule: SplitRule,
-    kernels: Option<KernelSet>,
-}
-
-impl Planner {
-    /// The planner of a decoder on `device`.
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] when the device cannot run the configuration's kernels.
-    pub(crate) fn new(cfg: ValidConfig, device: &DeviceInfo) -> Result<Planner> {
-        let gpu = Gpu::of(device);
-        // Batch-invariant mode: one split. Else a fixed count where asked; else the CPU
-        // backend, the reference, follows vLLM's rule, and a GPU picks its count with a small
-        // cost model of the kernels it runs.
-        let rule = match (cfg.num_kv_splits, gpu) {
-            _ if cfg.batch_invariant => SplitRule::Single,
-            (Some(splits), _) => SplitRule::Fixed { splits },
-            (None, None) => SplitRule::Vllm {
-                sm_count: cfg.sm_count,
-            },
-            (None, Some(_)) => SplitRule::Fill {
-                sm_count: cfg.sm_count,
-                kv_lora_rank: cfg.kv_lora_rank,
-            },
-        };
-        let fills = matches!(rule, SplitRule::Fill { .. });
-        let kernels = match gpu {
-            Some(gpu) => Some(KernelSet::for_decoder(&cfg, gpu, fills)?),
-            None => None,
-        };
-        Ok(Planner { cfg, rule, kernels })
-    }
-
-    /// The validated configuration.
-    pub(crate) fn config(&self) -> &ValidConfig {
-        &self.cfg
-    }
-
-    /// The split rule.
-    pub(crate) fn rule(&self) -> SplitRule {
-        self.rule
-    }
-
-    /// The GPU kernels (None on the CPU).
-    pub(crate) fn kernels(&self) -> Option<&KernelSet> {
-        self.kernels.as_ref()
-    }
-
-    /// Whether decodes of two or more requests take the device-computed schedule.
-    pub(crate) fn schedules(&self) -> bool {
-        self.kernels.as_ref().is_some_and(|k| k.schedule)
-    }
-
-    /// Whether a decode of `requests` requests (or at most that many) takes the
-    /// device-computed schedule: where the decoder does and there are two or more. One
-    /// request has nothing to balance: the split grid already gives it an even share of the
-    /// keys a CTA, without the schedule kernel and its pieces (10 to 20 us on the H200 at
-    /// batch 1).
-    pub(crate) fn schedules_requests(&self, requests: usize) -> bool {
-        self.schedules() && requests > 1
-    }
-
-    /// Splits per row for `rows` query rows (`query_len` a request) whose longest length is
-    /// `max_seq`, over a cache of pages of `page_size` keys.
-    pub(crate) fn splits(
-        &self,
-        max_seq: usize,
-        rows: usize,
-        query_len: usize,
-        page_size: usize,
-    ) -> usize {
-        self.rule.splits(
-            self.kernels(),
-            &self.batch(max_seq, rows, query_len, page_size),
-        )
-    }
-
-    fn batch(&self, max_seq: usize, rows: usize, query_len: usize, page_size: usize) -> Batch {
-        Batch {
-            max_span: self.cfg.span(max_seq),
-            rows,
-            query_len,
-            heads: self.cfg.q_heads,
-            page_size,
-        }
-    }
-
-    /// The most `rows x splits` a batch of at most `max_rows` rows over at most
-    /// `max_model_len` keys can need.
-    pub(crate) fn max_row_splits(&self, max_rows: usize, max_model_len: usize) -> usize {
-        let c = &self.cfg;
-        self.rule
-            .max_row_splits(self.kernels(), max_rows, c.span(max_model_len), c.q_heads)
-    }
-
-    /// The split counts a decode can use up to `max_model_len` keys.
-    pub(crate) fn warmup_counts(&self, max_model_len: usize) -> Vec<usize> {
-        let c = &self.cfg;
-        self.rule
-            .warmup_counts(self.kernels(), c.span(max_model_len), c.q_heads)
-    }
-
-    /// The stage-1 variant of a decode (None on the CPU).
-    fn pick(&self, b: &Batch, splits: usize, scheduled: bool) -> Option<Pick> {
-        let call = kernel::Call {
-            scheduled,
-            ..b.call(splits)
-        };
-        self.kernels.as_ref().map(|k| k.pick(&call))
-    }
 }
 
 impl DecodePlan {
@@ -526,267 +415,10 @@ impl DecodePlan {
     }
 }
 
-/// The workspace views of a decode: partial outputs `[rows, splits, heads, L]` f32 and their
-/// LSEs `[rows, splits, heads]` f32. Used by the plan and by the worst-case reservation, so
-/// the two always agree.
-pub fn decode_workspace(
-    rows: usize,
-    heads: usize,
-    splits: usize,
-    kv_lora_rank: usize,
-) -> Result<([Region; 2], usize)> {
-    let overflow = || Error::Overflow {
-        what: "workspace",
-        detail: format!("{rows} rows x {heads} heads x {splits} splits x {kv_lora_rank} values"),
-    };
-    let lse = rows
-        .checked_mul(heads)
-        .and_then(|x| x.checked_mul(splits))
-        .and_then(|x| x.checked_mul(4))
-        .ok_or_else(overflow)?;
-    let o = lse.checked_mul(kv_lora_rank).ok_or_else(overflow)?;
-    workspace::layout([o, lse])
-}
-
-/// The workspace views of a scheduled decode, and the SM count they were sized for (the
-/// backend shares the schedule among that many SMs' CTAs, so the two always agree).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ScheduledViews {
-    /// Partial outputs `[slot rows, L]` f32.
-    pub partial_o: Region,
-    /// Their LSEs `[slot rows]` f32.
-    pub partial_lse: Region,
-    /// The schedule's i32s ([`schedule::ScheduledGrid::int_offsets`]).
-    pub ints: Region,
-    /// SMs the schedule is shared among.
-    pub sm_count: usize,
-}
-
-/// The workspace views of a scheduled decode of `rows` query rows over `heads` heads on
-/// `sm_count` SMs, for any stage-1 kernel that schedules, and the bytes they take. A CTA takes
-/// 16 to 64 heads and an SM at most 64 heads' worth of CTAs, so a grid's slot rows
-/// ([`schedule::ScheduledGrid::partial_rows`]) are at most rows x (heads + 63) plus 64 x
-/// SMs (or one CTA a head block, heads + 63, where there are more head blocks than that),
-/// and its integers at most those of one head block on two CTAs an SM.
-pub fn scheduled_workspace(
-    rows: usize,
-    heads: usize,
-    kv_lora_rank: usize,
-    sm_count: usize,
-) -> Result<(ScheduledViews, usize)> {
-    let sizes = (|| {
-        let slot_rows = rows
-            .checked_mul(heads.checked_add(63)?)?
-            .checked_add(sm_count.checked_mul(64)?.max(heads.checked_add(63)?))?;
-        let lse = slot_rows.checked_mul(4)?;
-        // The most integers: one head block, two CTAs an SM (no larger than the slot rows
-        // just checked, so they cannot overflow).
-        let ints = schedule::ScheduledGrid::new(rows, 16, 16, 2, sm_count).ints();
-        Some([lse.checked_mul(kv_lora_rank)?, lse, ints.checked_mul(4)?])
-    })()
-    .ok_or_else(|| Error::Overflow {
-        what: "workspace",
-        detail: format!("a schedule of {rows} rows x {heads} heads on {sm_count} SMs"),
-    })?;
-    let ([partial_o, partial_lse, ints], bytes) = workspace::layout(sizes)?;
-    let views = ScheduledViews {
-        partial_o,
-        partial_lse,
-        ints,
-        sm_count,
-    };
-    Ok((views, bytes))
-}
-
-/// A per-tensor scale (`name`, given as `value` or a one-element `tensor`): the tensor's
-/// dtype, shape and device (`location`) checked; when the decode `uses` the scale, a value on
-/// the host must be finite and positive (`err` otherwise), and one in device memory is read
-/// and checked by the kernels, which get `value` meanwhile. 1 when unused.
-fn checked_scale(
-    name: &'static str,
-    uses: bool,
-    value: f32,
-    tensor: Option<&TensorRef<'_, 1>>,
-    location: Location,
-    err: fn(f32) -> Error,
-) -> Result<f32> {
-    if let Some(t) = tensor {
-        dtype(name, t.dtype(), DType::F32)?;
-        shape(name, t.shape(), [Dim::Is(1)])?;
-        on_device(name, t.location(), location)?;
-    }
-    match (uses, host_scale(value, tensor)) {
-        (false, _) => Ok(1.0),
-        (true, Some(k)) if k.is_finite() && k > 0.0 => Ok(k),
-        (true, Some(k)) => Err(err(k)),
-        (true, None) => Ok(value),
-    }
-}
-
-/// The longest length in host seq_lens; an error for a negative one.
-/// The longest of host lengths, each checked: not negative, not beyond the block table's
-/// `max_blocks` pages of `page_size` keys.
-fn max_seq_len(lens: &[i32], max_blocks: usize, page_size: usize) -> Result<usize> {
-    let capacity = max_blocks.saturating_mul(page_size);
-    let mut max = 0usize;
-    for (request, &len) in lens.iter().enumerate() {
-        let len = usize::try_from(len).map_err(|_| Error::NegativeSeqLen { request, len })?;
-        if len > capacity {
-            return Err(Error::SeqLenBeyondBlockTable {
-                request,
-                len,
-                capacity,
-                max_blocks,
-                page_size,
-            });
-        }
-        max = max.max(len);
-    }
-    Ok(max)
-}
-
-/// An argument's memory must be where the backend runs.
-fn on_device(arg: &'static str, got: Location, want: Location) -> Result<()> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(Error::WrongDevice {
-            arg,
-            expected: want.to_string(),
-            got: got.to_string(),
-        })
-    }
-}
-
-/// The cache checks a decode and its warmup share: memory at `location` (the backend's),
-/// the storage dtype of the configured format, the shape `[num_blocks >= 1, page_size >= 1,
-/// D]`, contiguous rows, and token and page strides under which no two keys overlap.
-///
-/// # Errors
-/// [`Error::WrongDevice`], [`Error::Dtype`], [`Error::Shape`], [`Error::Stride`] for the
-/// argument `kv_cache`.
-pub(crate) fn check_kv_cache(
-    cfg: &ValidConfig,
-    kv: &crate::tensor::TensorRef<'_, 3>,
-    location: Location,
-) -> Result<()> {
-    on_device("kv_cache", kv.location(), location)?;
-    if !cfg.kv_format.accepts(kv.dtype()) {
-        return Err(Error::Dtype {
-            arg: "kv_cache",
-            expected: format!(
-                "{} (kv_cache_dtype {})",
-                cfg.kv_format.expected_storage(),
-                cfg.cache_dtype
-            ),
-            got: kv.dtype().to_string(),
-        });
-    }
-    let d = cfg.head_dim();
-    shape(
-        "kv_cache",
-        kv.shape(),
-        [Dim::Any("num_blocks"), Dim::Any("page_size"), Dim::Is(d)],
-    )?;
-    let [num_blocks, page_size, _] = kv.shape();
-    if num_blocks == 0 || page_size == 0 {
-        return Err(Error::Shape {
-            arg: "kv_cache",
-            expected: format!("[num_blocks >= 1, page_size >= 1, {d}]"),
-            got: kv.shape().to_vec(),
-        });
-    }
-    let [page_stride, token_stride, _] = kv.strides();
-    last_contiguous("kv_cache", kv.shape(), kv.strides())?;
-    if page_size > 1 && token_stride < d {
-        return Err(stride(
-            "kv_cache",
-            "keys of a page overlap: token stride < row width",
-            &kv.strides(),
-            &kv.shape(),
-        ));
-    }
-    if num_blocks > 1 && page_stride < (page_size - 1) * token_stride + d {
-        return Err(stride(
-            "kv_cache",
-            "pages overlap: page stride < (page_size - 1) * token stride + row width",
-            &kv.strides(),
-            &kv.shape(),
-        ));
-    }
-    Ok(())
-}
-
-/// `arg`'s dtype is `want`, or [`Error::Dtype`] naming it.
-pub(crate) fn dtype(arg: &'static str, got: DType, want: DType) -> Result<()> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(Error::Dtype {
-            arg,
-            expected: want.to_string(),
-            got: got.to_string(),
-        })
-    }
-}
-
-/// One dimension of an expected shape: free (named in the message) or fixed.
-#[derive(Clone, Copy)]
-enum Dim {
-    Any(&'static str),
-    Is(usize),
-}
-
-fn shape<const N: usize>(arg: &'static str, got: [usize; N], want: [Dim; N]) -> Result<()> {
-    let ok = got.iter().zip(&want).all(|(&g, w)| match w {
-        Dim::Any(_) => true,
-        Dim::Is(n) => g == *n,
-    });
-    if ok {
-        return Ok(());
-    }
-    let dims: Vec<String> = want
-        .iter()
-        .map(|w| match w {
-            Dim::Any(name) => name.to_string(),
-            Dim::Is(n) => n.to_string(),
-        })
-        .collect();
-    Err(Error::Shape {
-        arg,
-        expected: format!("[{}]", dims.join(", ")),
-        got: got.to_vec(),
-    })
-}
-
-fn last_contiguous<const N: usize>(
-    arg: &'static str,
-    shape: [usize; N],
-    strides: [usize; N],
-) -> Result<()> {
-    if shape[N - 1] > 1 && strides[N - 1] != 1 {
-        return Err(stride(
-            arg,
-            "the last dimension must be contiguous",
-            &strides,
-            &shape,
-        ));
-    }
-    Ok(())
-}
-
-fn stride(arg: &'static str, reason: &str, strides: &[usize], shape: &[usize]) -> Error {
-    Error::Stride {
-        arg,
-        reason: reason.into(),
-        strides: strides.to_vec(),
-        shape: shape.to_vec(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::DeviceInfo;
 
     proptest::proptest! {
         /// The scheduled workspace holds what a scheduled decode writes, for every stage-1

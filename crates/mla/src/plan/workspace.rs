@@ -7,6 +7,7 @@
 //! locked, a decode that would need more is an error, never an allocation: that is what lets
 //! forward run inside CUDA-graph capture.
 
+use super::schedule;
 use crate::error::{Error, Result};
 
 /// Alignment of every view into the workspace, in bytes.
@@ -110,6 +111,78 @@ impl WorkspaceManager {
         self.ensure(total, |_| Ok(()))?;
         Ok(regions)
     }
+}
+
+/// The workspace views of a decode: partial outputs `[rows, splits, heads, L]` f32 and their
+/// LSEs `[rows, splits, heads]` f32. Used by the plan and by the worst-case reservation, so
+/// the two always agree.
+pub fn decode_workspace(
+    rows: usize,
+    heads: usize,
+    splits: usize,
+    kv_lora_rank: usize,
+) -> Result<([Region; 2], usize)> {
+    let overflow = || Error::Overflow {
+        what: "workspace",
+        detail: format!("{rows} rows x {heads} heads x {splits} splits x {kv_lora_rank} values"),
+    };
+    let lse = rows
+        .checked_mul(heads)
+        .and_then(|x| x.checked_mul(splits))
+        .and_then(|x| x.checked_mul(4))
+        .ok_or_else(overflow)?;
+    let o = lse.checked_mul(kv_lora_rank).ok_or_else(overflow)?;
+    layout([o, lse])
+}
+
+/// The workspace views of a scheduled decode, and the SM count they were sized for (the
+/// backend shares the schedule among that many SMs' CTAs, so the two always agree).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScheduledViews {
+    /// Partial outputs `[slot rows, L]` f32.
+    pub partial_o: Region,
+    /// Their LSEs `[slot rows]` f32.
+    pub partial_lse: Region,
+    /// The schedule's i32s ([`schedule::ScheduledGrid::int_offsets`]).
+    pub ints: Region,
+    /// SMs the schedule is shared among.
+    pub sm_count: usize,
+}
+
+/// The workspace views of a scheduled decode of `rows` query rows over `heads` heads on
+/// `sm_count` SMs, for any stage-1 kernel that schedules, and the bytes they take. A CTA takes
+/// 16 to 64 heads and an SM at most 64 heads' worth of CTAs, so a grid's slot rows
+/// ([`schedule::ScheduledGrid::partial_rows`]) are at most rows x (heads + 63) plus 64 x
+/// SMs (or one CTA a head block, heads + 63, where there are more head blocks than that),
+/// and its integers at most those of one head block on two CTAs an SM.
+pub fn scheduled_workspace(
+    rows: usize,
+    heads: usize,
+    kv_lora_rank: usize,
+    sm_count: usize,
+) -> Result<(ScheduledViews, usize)> {
+    let sizes = (|| {
+        let slot_rows = rows
+            .checked_mul(heads.checked_add(63)?)?
+            .checked_add(sm_count.checked_mul(64)?.max(heads.checked_add(63)?))?;
+        let lse = slot_rows.checked_mul(4)?;
+        // The most integers: one head block, two CTAs an SM (no larger than the slot rows
+        // just checked, so they cannot overflow).
+        let ints = schedule::ScheduledGrid::new(rows, 16, 16, 2, sm_count).ints();
+        Some([lse.checked_mul(kv_lora_rank)?, lse, ints.checked_mul(4)?])
+    })()
+    .ok_or_else(|| Error::Overflow {
+        what: "workspace",
+        detail: format!("a schedule of {rows} rows x {heads} heads on {sm_count} SMs"),
+    })?;
+    let ([partial_o, partial_lse, ints], bytes) = layout(sizes)?;
+    let views = ScheduledViews {
+        partial_o,
+        partial_lse,
+        ints,
+        sm_count,
+    };
+    Ok((views, bytes))
 }
 
 #[cfg(test)]
