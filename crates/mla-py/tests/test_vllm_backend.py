@@ -1,10 +1,10 @@
 """The vLLM backend against real vLLM code (0.33.0, CPU-only: scripts/vllm/venv.sh), on CPU tensors.
 
-What is vLLM's own here: the plugin loader and entry point, the backend registry, the backend's
-``validate_configuration``, ``VllmConfig``/``ParallelConfig``/``DeviceConfig``, the
-``MLACommonImpl`` constructor chain and the metadata dataclasses. Stand-ins: the layer (only
-``_k_scale`` is read), ``model_config`` (only ``dtype`` and ``max_model_len``: a real one needs a
-model download), and ``current_platform`` for the capability refusals (no GPU here).
+What is vLLM's own here: the plugin loader and entry point, the backend registry,
+``VllmConfig``/``ParallelConfig``/``DeviceConfig``, the ``MLACommonImpl`` constructor chain and the
+metadata dataclasses. Stand-ins: the layer (only ``_k_scale`` is read), ``model_config`` (only
+``dtype`` and ``max_model_len``: a real one needs a model download), and ``current_platform`` for
+the capability refusals (no GPU here). vLLM's selector choosing the backend: test_vllm_selector.py.
 """
 
 import math
@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("vllm", reason="needs vLLM 0.33.0 (scripts/vllm/venv.sh)")
 
 from reference import L, SCALE, assert_close, make_case, reference  # noqa: E402
+from vllm_layer import impl_args  # noqa: E402
 from vllm.config import DeviceConfig, ParallelConfig, VllmConfig, set_current_vllm_config  # noqa: E402
 from vllm.model_executor.layers.attention.mla_attention import (  # noqa: E402
     MLACommonDecodeMetadata,
@@ -42,15 +43,8 @@ def vllm_config(dcp=1, model=True, dtype=torch.bfloat16):
 
 
 def make_impl(heads=16, kv_cache_dtype="auto", window=None, dcp=1, dtype=torch.bfloat16, **kw):
-    args = dict(
-        num_heads=heads, head_size=576, scale=SCALE, num_kv_heads=1, alibi_slopes=None, sliding_window=window,
-        kv_cache_dtype=kv_cache_dtype, logits_soft_cap=None, attn_type=AttentionType.DECODER,
-        kv_sharing_target_layer_name=None, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
-        qk_rope_head_dim=64, qk_head_dim=192, v_head_dim=128, kv_b_proj=None,
-    )
-    args.update(kw)
     with set_current_vllm_config(vllm_config(dcp, dtype=dtype)):
-        return MlaRsImpl(**args)
+        return MlaRsImpl(**impl_args(heads, kv_cache_dtype, window, **kw))
 
 
 def metadata(c, causal=True, max_seq_len=None, dcp_tot=None):
@@ -96,33 +90,6 @@ def test_the_attention_config_parses_custom():
     assert AttentionConfig(backend="custom").backend is AttentionBackendEnum.CUSTOM
     per_kind = AttentionConfig(backend_per_kind={"mla_attention": "CUSTOM"}).backend_per_kind
     assert per_kind["mla_attention"] is AttentionBackendEnum.CUSTOM
-
-
-def validate(**kw):
-    args = dict(
-        head_size=576, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=None, use_mla=True, has_sink=False,
-        use_sparse=False, use_mm_prefix=False, use_per_head_quant_scales=False,
-        device_capability=DeviceCapability(9, 0), attn_type=AttentionType.DECODER,
-    )
-    args.update(kw)
-    return MlaRsBackend.validate_configuration(**args)
-
-
-@pytest.mark.parametrize("cache", ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"])
-def test_vllm_accepts_it_for_an_mla_layer_with_each_cache_dtype(cache):
-    with set_current_vllm_config(vllm_config()):
-        assert validate(kv_cache_dtype=cache) == []
-        assert validate(kv_cache_dtype=cache, use_dcp=True, use_batch_invariant=True) == []
-        assert validate(kv_cache_dtype=cache, block_size=1, has_sliding_window=True, use_non_causal=True) == []
-        assert validate(kv_cache_dtype=cache, block_size=64, dtype=torch.float16) == []
-
-
-def test_vllm_refuses_it_where_mla_cannot_run():
-    with set_current_vllm_config(vllm_config()):
-        assert "non-MLA not supported" in validate(use_mla=False)
-        assert validate(device_capability=DeviceCapability(7, 5)) != []
-        assert validate(dtype=torch.float32) != []
-        assert validate(kv_cache_dtype="fp8_ds_mla") != []
 
 
 # ---------------------------------------------------------------- construction
