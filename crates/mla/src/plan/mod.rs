@@ -356,22 +356,10 @@ impl DecodePlan {
                     "a decode with seq_lens on the device and no max_seq_len",
                 ))?;
 
-        let batch = planner.batch(max_seq, rows, inputs.query_len, page_size);
-        let num_kv_splits = planner.rule.splits(planner.kernels(), &batch);
-        let scheduled = planner.schedules_requests(requests);
-        let stage1 = planner.pick(&batch, num_kv_splits, scheduled);
-        tracing::debug!(
-            rule = ?planner.rule,
-            rows,
-            max_span = batch.max_span,
-            splits = num_kv_splits,
-            kernel = ?stage1.map(|p| p.family()),
-            tokens_per_cta = stage1.map_or(1, |p| p.tokens),
-            scheduled,
-            "decode planned"
-        );
+        let decision = planner.decide(max_seq, rows, requests, inputs.query_len, page_size);
+        let num_kv_splits = decision.splits;
         let (workspace, mut workspace_bytes) = decode_workspace(rows, h, num_kv_splits, l)?;
-        let schedule_workspace = if scheduled {
+        let schedule_workspace = if decision.scheduled {
             let (views, bytes) = scheduled_workspace(rows, h, l, cfg.sm_count)?;
             workspace_bytes = workspace_bytes.max(bytes);
             Some(views)
@@ -395,7 +383,7 @@ impl DecodePlan {
             fp8_query: cfg.fp8_query,
             q_scale,
             num_kv_splits,
-            max_span: cfg.span(max_seq),
+            max_span: decision.max_span,
             q,
             kv: CacheLayout {
                 num_blocks,
@@ -410,7 +398,7 @@ impl DecodePlan {
             workspace,
             schedule_workspace,
             workspace_bytes,
-            stage1,
+            stage1: decision.stage1,
         })
     }
 }

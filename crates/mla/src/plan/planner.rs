@@ -13,7 +13,7 @@ use crate::error::Result;
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Planner {
     cfg: ValidConfig,
-    pub(super) rule: SplitRule,
+    rule: SplitRule,
     kernels: Option<KernelSet>,
 }
 
@@ -90,13 +90,7 @@ impl Planner {
         )
     }
 
-    pub(super) fn batch(
-        &self,
-        max_seq: usize,
-        rows: usize,
-        query_len: usize,
-        page_size: usize,
-    ) -> Batch {
+    fn batch(&self, max_seq: usize, rows: usize, query_len: usize, page_size: usize) -> Batch {
         Batch {
             max_span: self.cfg.span(max_seq),
             rows,
@@ -121,12 +115,54 @@ impl Planner {
             .warmup_counts(self.kernels(), c.span(max_model_len), c.q_heads)
     }
 
-    /// The stage-1 variant of a decode (None on the CPU).
-    pub(super) fn pick(&self, b: &Batch, splits: usize, scheduled: bool) -> Option<Pick> {
+    /// The per-decode decisions for `rows` query rows of `requests` requests (`query_len` a
+    /// request) whose longest length is `max_seq`, over pages of `page_size` keys: the split
+    /// count, whether the decode takes the device schedule, and (on a GPU) the stage-1 variant,
+    /// picked for that split count.
+    pub(super) fn decide(
+        &self,
+        max_seq: usize,
+        rows: usize,
+        requests: usize,
+        query_len: usize,
+        page_size: usize,
+    ) -> Decision {
+        let batch = self.batch(max_seq, rows, query_len, page_size);
+        let splits = self.rule.splits(self.kernels(), &batch);
+        let scheduled = self.schedules_requests(requests);
         let call = kernel::Call {
             scheduled,
-            ..b.call(splits)
+            ..batch.call(splits)
         };
-        self.kernels.as_ref().map(|k| k.pick(&call))
+        let stage1 = self.kernels.as_ref().map(|k| k.pick(&call));
+        tracing::debug!(
+            rule = ?self.rule,
+            rows,
+            max_span = batch.max_span,
+            splits,
+            kernel = ?stage1.map(|p| p.family()),
+            tokens_per_cta = stage1.map_or(1, |p| p.tokens),
+            scheduled,
+            "decode planned"
+        );
+        Decision {
+            max_span: batch.max_span,
+            splits,
+            scheduled,
+            stage1,
+        }
     }
+}
+
+/// What [`Planner::decide`] decided for one decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Decision {
+    /// The most keys a row's splits cover (the longest length, within the window).
+    pub max_span: usize,
+    /// Splits per row.
+    pub splits: usize,
+    /// Whether the decode takes the device-computed schedule.
+    pub scheduled: bool,
+    /// The stage-1 variant (None on the CPU).
+    pub stage1: Option<Pick>,
 }
