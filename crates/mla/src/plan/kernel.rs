@@ -194,7 +194,7 @@ impl Pick {
 
 /// The stage-1 variants a GPU decoder may launch, decided once from its configuration and the
 /// device, and the rule that picks one for each decode (`KernelSet::pick`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct KernelSet {
     /// The kernel of single-token decodes (and of multi-token ones that take nothing else).
     pub decode: Variant,
@@ -213,8 +213,6 @@ pub(crate) struct KernelSet {
     pub seesaw: Option<Variant>,
     /// The fp8 twin: fp8 decodes of 17 heads or more whose splits are long enough.
     pub fp8: Option<Variant>,
-    /// The combine.
-    pub combine: Variant,
     /// Whether decodes of two or more requests take the device-computed schedule.
     pub schedule: bool,
     /// What the configuration forces.
@@ -320,7 +318,6 @@ impl KernelSet {
             narrow,
             seesaw,
             fp8: if schedule { None } else { fp8 },
-            combine: combine_variant(cfg.kv_lora_rank, cfg.model_dtype),
             schedule,
             choice,
             batch_invariant: cfg.batch_invariant,
@@ -400,20 +397,22 @@ impl KernelSet {
         KernelSet {
             seesaw: None,
             narrow_singles: false,
-            ..self.clone()
+            ..*self
         }
     }
 
     /// Every variant the decoder can launch, scheduled twins and the combine included: what
     /// warmup builds.
     pub(crate) fn variants(&self) -> Vec<Variant> {
+        // The combine is the decoder's widths' and dtype's, as the backend launches it.
+        let combine = combine_variant(self.decode.kv_lora_rank, self.decode.model);
         let mut v: Vec<Variant> = std::iter::once(self.decode)
             .chain(self.packed)
             .chain(self.packed_seesaw)
             .chain(self.narrow)
             .chain(self.seesaw)
             .chain(self.fp8)
-            .chain([self.combine])
+            .chain([combine])
             .collect();
         if self.schedule {
             v.extend(
@@ -423,7 +422,7 @@ impl KernelSet {
                     .map(Variant::scheduled),
             );
             v.extend([
-                self.combine.scheduled(),
+                combine.scheduled(),
                 crate::kernels::select::schedule_variant(),
             ]);
         }
