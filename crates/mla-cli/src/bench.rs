@@ -70,11 +70,11 @@ pub struct BenchArgs {
     /// The stage-1 kernel family: auto (the shipped choice), or one of mma, wgmma, narrow,
     /// seesaw, wgmma-fp8 forced wherever it can run (for comparisons; the output's `kernel`
     /// column says which family ran).
-    #[arg(long, default_value = "auto", value_parser = kernel_choice)]
+    #[arg(long, default_value = "auto")]
     kernel: mla::KernelChoice,
     /// The device schedule's costs SEG,MIN (a segment's fixed cost, a stretch's fewest blocks;
     /// each 0 to 64), for tuning them; default the shipped ones.
-    #[arg(long, value_parser = schedule_costs)]
+    #[arg(long)]
     schedule_costs: Option<mla::ScheduleCosts>,
     /// Launch the kernels after a decode's first without programmatic dependent launch (PDL),
     /// to measure what it saves.
@@ -100,16 +100,6 @@ pub struct BenchArgs {
     /// DCP interleave: tokens per chunk dealt to a rank.
     #[arg(long, value_parser = positive, default_value_t = 1)]
     dcp_interleave: usize,
-}
-
-/// A kernel choice by its name.
-fn kernel_choice(s: &str) -> Result<mla::KernelChoice, String> {
-    s.parse().map_err(|e: mla::Error| e.to_string())
-}
-
-/// The schedule's costs as `SEG,MIN`.
-fn schedule_costs(s: &str) -> Result<mla::ScheduleCosts, String> {
-    s.parse().map_err(|e: mla::Error| e.to_string())
 }
 
 /// A whole number >= 1.
