@@ -155,11 +155,7 @@ impl DecodePlan {
     /// cut as every row is ([`split_range`]). What decides between the Hopper kernels for
     /// many heads.
     pub fn split_keys(&self) -> usize {
-        let span = KeyRange {
-            start: 0,
-            end: self.max_span,
-        };
-        split_range(span, 0, self.num_kv_splits.max(1)).len()
+        splits::split_keys(self.max_span, self.num_kv_splits)
     }
 
     /// Keys row `row` sees, from its request's length.

@@ -72,7 +72,7 @@ impl Batch {
             heads: self.heads,
             query_len: self.query_len,
             page_size: self.page_size,
-            split_keys: self.max_span.div_ceil(splits),
+            split_keys: split_keys(self.max_span, splits),
             ctas: self.rows * splits,
             scheduled: false,
         }
@@ -237,7 +237,7 @@ pub(crate) fn fill_cost(
     splits: usize,
 ) -> f64 {
     let splits = splits.max(1);
-    let split_keys = b.max_span.div_ceil(splits);
+    let split_keys = split_keys(b.max_span, splits);
     let per_sm = pick.variant.ctas_per_sm();
     let slots = (per_sm * sm_count).max(1);
     let ctas = pick.ctas_per_split(b.rows, b.query_len, b.heads).max(1) * splits;
@@ -283,6 +283,20 @@ pub fn warmup_split_counts(
         counts.push(max);
     }
     counts
+}
+
+/// The most keys one split of a row of `span` keys holds when cut into `splits` splits (its
+/// first split, [`split_range`]): what decides between the kernels for long and short splits.
+pub fn split_keys(span: usize, splits: usize) -> usize {
+    split_range(
+        KeyRange {
+            start: 0,
+            end: span,
+        },
+        0,
+        splits.max(1),
+    )
+    .len()
 }
 
 /// Split `s` of `splits` of a row's keys: `per = ceil(len / splits)`, keys
