@@ -19,14 +19,7 @@ pub struct PrecompileArgs {
 
 #[cfg(feature = "cuda")]
 pub fn run(args: &PrecompileArgs) -> mla::Result<()> {
-    let mut builds = Vec::new();
-    if args.arch.is_empty() {
-        builds = mla::precompile::for_device(0)?;
-    } else {
-        for arch in &args.arch {
-            builds.extend(mla::precompile::for_arch(arch, !args.deny_spills)?);
-        }
-    }
+    let builds = mla::precompile::for_targets(&args.arch, !args.deny_spills)?;
     println!(
         "{:<8} {:<20} {:<54} {:>5} {:>6} {:>8} {:>9}",
         "arch", "kernel", "defines", "regs", "spills", "source", "ms"

@@ -46,6 +46,22 @@ pub fn for_arch(arch: &str, use_cache: bool) -> Result<Vec<KernelBuild>> {
     Ok(builds)
 }
 
+/// What `mla precompile` builds: for CUDA device 0 ([`for_device`]) when `arches` is empty,
+/// else for each named architecture without a device ([`for_arch`]), in order.
+///
+/// # Errors
+/// Those of [`for_device`] and [`for_arch`].
+pub fn for_targets<S: AsRef<str>>(arches: &[S], use_cache: bool) -> Result<Vec<KernelBuild>> {
+    if arches.is_empty() {
+        return for_device(0);
+    }
+    let mut builds = Vec::new();
+    for arch in arches {
+        builds.extend(for_arch(arch.as_ref(), use_cache)?);
+    }
+    Ok(builds)
+}
+
 /// The DCP family, one module per model dtype.
 fn dcp_builds(target: &Target, use_cache: bool) -> Result<Vec<KernelBuild>> {
     [ModelDtype::Bf16, ModelDtype::F16]
