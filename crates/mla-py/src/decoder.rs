@@ -67,7 +67,7 @@ impl Placement {
     }
 }
 
-/// MLA decode over a paged latent KV cache, on the tensors' CUDA device.
+/// MLA decode over a paged latent KV cache, on the tensors' CUDA device or the CPU backend.
 #[pyclass(name = "MlaDecode", module = "mla_rs")]
 pub struct PyMlaDecode {
     config: MlaConfig,

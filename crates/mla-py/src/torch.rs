@@ -37,6 +37,20 @@ fn dtype_of(name: &str, arg: &str) -> PyResult<DType> {
     })
 }
 
+/// `$make::<T, N>(args)` with `T` the host element type of `$dtype`: the dtype's own, or bytes
+/// (`u8`) for the 1-byte dtypes (u8 and both fp8).
+macro_rules! by_element {
+    ($dtype:expr, $make:ident::<$n:ident>($($arg:expr),*)) => {
+        match $dtype {
+            DType::BF16 => $make::<bf16, $n>($($arg),*),
+            DType::F16 => $make::<f16, $n>($($arg),*),
+            DType::F32 => $make::<f32, $n>($($arg),*),
+            DType::I32 => $make::<i32, $n>($($arg),*),
+            _ => $make::<u8, $n>($($arg),*),
+        }
+    };
+}
+
 impl TorchTensor {
     /// Describes a CUDA or CPU tensor; a ValueError for anything else.
     pub fn of(t: &Bound<'_, PyAny>, arg: &str) -> PyResult<Self> {
@@ -121,14 +135,9 @@ impl TorchTensor {
             Location::Cuda(device) => unsafe {
                 TensorRef::from_device_ptr(self.ptr, device, self.dtype, shape, strides)
             },
-            Location::Host => match self.dtype {
-                DType::BF16 => host_ref::<bf16, N>(self, shape, strides),
-                DType::F16 => host_ref::<f16, N>(self, shape, strides),
-                DType::F32 => host_ref::<f32, N>(self, shape, strides),
-                DType::I32 => host_ref::<i32, N>(self, shape, strides),
-                // u8 and both fp8: bytes, read as the tensor's dtype.
-                _ => host_ref::<u8, N>(self, shape, strides).and_then(|v| v.view_as(self.dtype)),
-            },
+            // Bytes for the 1-byte dtypes, read as the tensor's dtype (a no-op for the others).
+            Location::Host => by_element!(self.dtype, host_ref::<N>(self, shape, strides))
+                .and_then(|v| v.view_as(self.dtype)),
         };
         view.map_err(crate::errors::to_py)
     }
@@ -143,14 +152,8 @@ impl TorchTensor {
             Location::Cuda(device) => unsafe {
                 TensorMut::from_device_ptr(self.ptr, device, self.dtype, shape, strides)
             },
-            Location::Host => match self.dtype {
-                DType::BF16 => host_mut::<bf16, N>(self, shape, strides),
-                DType::F16 => host_mut::<f16, N>(self, shape, strides),
-                DType::F32 => host_mut::<f32, N>(self, shape, strides),
-                DType::I32 => host_mut::<i32, N>(self, shape, strides),
-                // Outputs are never 1-byte: the plan rejects the dtype with its message.
-                _ => host_mut::<u8, N>(self, shape, strides),
-            },
+            // Outputs are never 1-byte: the plan rejects the dtype with its message.
+            Location::Host => by_element!(self.dtype, host_mut::<N>(self, shape, strides)),
         };
         view.map_err(crate::errors::to_py)
     }
@@ -166,10 +169,9 @@ fn host_ref<T: Element, const N: usize>(
     // is aligned for its dtype (`T` has the same size and alignment); the Python object keeps
     // it alive for the whole (synchronous) call, and the decode does not write through it.
     #[allow(unsafe_code)]
-    let data: &'static [T] = if t.span() == 0 {
-        &[]
-    } else {
-        unsafe { std::slice::from_raw_parts(t.ptr as *const T, t.span()) }
+    let data: &'static [T] = match t.span() {
+        0 => &[],
+        len => unsafe { std::slice::from_raw_parts(t.ptr as *const T, len) },
     };
     TensorRef::from_host(data, shape, strides)
 }
@@ -183,10 +185,9 @@ fn host_mut<T: Element, const N: usize>(
     // SAFETY: as in `host_ref`; forward checks that no other view of the call overlaps an
     // output's bytes, so this is the only reference to them while it lives.
     #[allow(unsafe_code)]
-    let data: &'static mut [T] = if t.span() == 0 {
-        &mut []
-    } else {
-        unsafe { std::slice::from_raw_parts_mut(t.ptr as *mut T, t.span()) }
+    let data: &'static mut [T] = match t.span() {
+        0 => &mut [],
+        len => unsafe { std::slice::from_raw_parts_mut(t.ptr as *mut T, len) },
     };
     TensorMut::from_host(data, shape, strides)
 }

@@ -16,7 +16,7 @@ def precompile(
     """
 
 class MlaDecode:
-    """MLA decode over a paged latent KV cache on the tensors' CUDA device."""
+    """MLA decode over a paged latent KV cache on the tensors' CUDA device or the CPU backend."""
 
     def __init__(
         self,

@@ -224,7 +224,7 @@ class MlaRsImpl(MLACommonImpl[MLACommonMetadata]):
 
     def reserve_workspace(self) -> None:
         # vLLM calls this in its memory-profiling run, so the KV cache is sized around it.
-        self._decoder(self._model_dtype)
+        self._decoder()
 
     def forward_mha(self, *args, **kwargs) -> None:
         if self.decode_sliding_window is not None:
@@ -237,10 +237,10 @@ class MlaRsImpl(MLACommonImpl[MLACommonMetadata]):
         forward_mqa can pick for this bound cache: its dtype, page size and strides, each split
         count up to max_model_len (clamped to the window; only 1 in batch-invariant mode).
         Returns the split counts covered (none when nothing is reserved to size them)."""
-        dec = self._decoder(self._model_dtype)
+        dec = self._decoder()
         if dec.reserved_model_len is None:
             return []
-        return list(dec.register_decode_warmup(kv_cache, kv_cache_dtype))
+        return dec.register_decode_warmup(kv_cache, kv_cache_dtype)
 
     # ------------------------------------------------------------------ decode
 
@@ -252,7 +252,7 @@ class MlaRsImpl(MLACommonImpl[MLACommonMetadata]):
         layer: AttentionLayer,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         first = q[0] if isinstance(q, tuple) else q
-        dec = self._decoders.get(bool(envs.VLLM_BATCH_INVARIANT)) or self._decoder(first.dtype)
+        dec = self._decoder(first.dtype)
         cache = kv_c_and_k_pe_cache
         key = (cache.data_ptr(), cache.shape, cache.stride())
         if key != self._warm_cache:

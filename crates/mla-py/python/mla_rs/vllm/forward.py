@@ -20,11 +20,10 @@ def forward_mqa(dec, q, kv_c_and_k_pe_cache, attn_metadata, k_scale):
     query_len = max(1, rows // num_decodes) if num_decodes else 1
     if first.is_cuda and torch.cuda.is_current_stream_capturing():
         dec.lock_workspace()
-    o = torch.empty((rows, dec.q_heads, dec.kv_lora_rank), dtype=first.dtype, device=first.device)
-    lse = torch.empty((rows, dec.q_heads), dtype=torch.float32, device=first.device)
     # The cache goes as vLLM hands it: mla reads a 1-byte cache in the decoder's own fp8
     # format. max_seq_len (local under DCP) is the split hint; nothing reads seq_lens on the host.
-    dec.forward(
+    # Without out and lse_out the decoder allocates both on q's device (o in q's dtype).
+    return dec.forward(
         q,
         kv_c_and_k_pe_cache,
         decode.block_table,
@@ -32,8 +31,5 @@ def forward_mqa(dec, q, kv_c_and_k_pe_cache, attn_metadata, k_scale):
         k_scale=k_scale,
         query_len=query_len,
         causal=attn_metadata.causal,
-        out=o,
-        lse_out=lse,
         max_seq_len=attn_metadata.max_seq_len,
     )
-    return o, lse
