@@ -24,16 +24,7 @@ type BuildRow = (String, String, String, Option<u32>, Option<u32>, bool);
 #[pyo3(signature = (arch = Vec::new(), use_cache = true))]
 fn precompile(py: Python<'_>, arch: Vec<String>, use_cache: bool) -> PyResult<Vec<BuildRow>> {
     let builds = py
-        .detach(|| {
-            if arch.is_empty() {
-                mla::precompile::for_device(0)
-            } else {
-                arch.iter()
-                    .map(|a| mla::precompile::for_arch(a, use_cache))
-                    .collect::<mla::Result<Vec<_>>>()
-                    .map(|v| v.concat())
-            }
-        })
+        .detach(|| mla::precompile::for_targets(&arch, use_cache))
         .map_err(errors::to_py)?;
     Ok(builds
         .into_iter()
