@@ -92,7 +92,6 @@ pub fn run(
     plan: &DecodePlan,
     src: &HostInputs<'_>,
     path: CpuPath,
-    kv: &[u8],
     part_o: &mut [f32],
     part_lse: &mut [f32],
 ) {
@@ -108,7 +107,7 @@ pub fn run(
         ),
         #[cfg(target_arch = "x86_64")]
         CpuPath::Avx512Bf16(token) => {
-            let cache = split_avx512::CacheRows::new(plan, src, kv);
+            let cache = split_avx512::CacheRows::new(plan, src);
             let heads = plan.heads.min(HEAD_GROUP);
             for_each_item(
                 plan,
@@ -122,8 +121,6 @@ pub fn run(
             )
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = kv;
 }
 
 /// Runs `item` on every work item (row, split, head group) in parallel, with one scratch

@@ -24,16 +24,15 @@ use crate::plan::{DecodePlan, KeyRange};
 pub const KEY_CHUNK: usize = 128;
 
 /// The cache as the work items read it: where each key row lies and how it becomes bf16.
-pub struct CacheRows<'a> {
-    kv: &'a [u8],
+pub struct CacheRows {
     format: KvFormat,
     /// The decoder's value of each fp8 byte, as bf16 bits.
     fp8: [u16; 256],
 }
 
-impl<'a> CacheRows<'a> {
-    /// `kv` is the cache's bytes (checked by [`HostInputs::new`] with the block ids).
-    pub fn new(plan: &DecodePlan, src: &HostInputs<'_>, kv: &'a [u8]) -> Self {
+impl CacheRows {
+    /// The fp8 table of the decode's decoder (empty for a 16-bit cache).
+    pub fn new(plan: &DecodePlan, src: &HostInputs<'_>) -> Self {
         let mut fp8 = [0u16; 256];
         if plan.kv_format.is_fp8() {
             for (b, t) in fp8.iter_mut().enumerate() {
@@ -43,7 +42,6 @@ impl<'a> CacheRows<'a> {
             }
         }
         CacheRows {
-            kv,
             format: plan.kv_format,
             fp8,
         }
@@ -98,7 +96,7 @@ pub fn attend(
     token: Avx512Bf16,
     plan: &DecodePlan,
     src: &HostInputs<'_>,
-    cache: &CacheRows<'_>,
+    cache: &CacheRows,
     row: usize,
     head0: usize,
     keys: KeyRange,
@@ -185,19 +183,12 @@ fn pack_q(
     }
 }
 
-/// Byte offset of key `pos` of `request` in the cache (its page checked by HostInputs::new).
-fn key_offset(plan: &DecodePlan, src: &HostInputs<'_>, request: usize, pos: usize) -> usize {
-    let ps = plan.kv.page_size;
-    let block = src.block_table[request * plan.block_table_stride + pos / ps] as usize;
-    (block * plan.kv.page_stride + (pos % ps) * plan.kv.token_stride) * plan.kv_format.size()
-}
-
 /// A bf16 key row as it lies in the cache, when its values are what the products take and it
 /// holds an even count of them (the scores read pairs).
 fn cache_row<'a>(
     plan: &DecodePlan,
-    src: &HostInputs<'_>,
-    cache: &CacheRows<'a>,
+    src: &HostInputs<'a>,
+    cache: &CacheRows,
     request: usize,
     pos: usize,
 ) -> Option<&'a [u16]> {
@@ -205,8 +196,7 @@ fn cache_row<'a>(
     if cache.format != KvFormat::Bf16 || !d.is_multiple_of(2) {
         return None;
     }
-    let off = key_offset(plan, src, request, pos);
-    bytemuck::try_cast_slice(&cache.kv[off..off + 2 * d]).ok()
+    bytemuck::try_cast_slice(src.key_bytes(plan, request, pos, d)).ok()
 }
 
 /// Key `pos` of `request` as the bf16 values the products take, into `dst` (2 * pairs values,
@@ -215,20 +205,20 @@ fn decode_row(
     token: Avx512Bf16,
     plan: &DecodePlan,
     src: &HostInputs<'_>,
-    cache: &CacheRows<'_>,
+    cache: &CacheRows,
     request: usize,
     pos: usize,
     dst: &mut [u16],
 ) {
     let d = plan.head_dim();
-    let off = key_offset(plan, src, request, pos);
+    let bytes = src.key_bytes(plan, request, pos, d);
     let (values, pad) = dst.split_at_mut(d);
     pad.fill(0);
     match cache.format {
         KvFormat::Fp8E4m3 | KvFormat::Fp8E5m2 => {
-            avx512::fp8_to_bf16(token, &cache.fp8, &cache.kv[off..off + d], values);
+            avx512::fp8_to_bf16(token, &cache.fp8, bytes, values);
         }
-        KvFormat::F16 => match bytemuck::try_cast_slice(&cache.kv[off..off + 2 * d]) {
+        KvFormat::F16 => match bytemuck::try_cast_slice(bytes) {
             Ok(f16s) => avx512::f16_to_bf16(token, f16s, values),
             Err(_) => decode_through_f32(plan, src, request, pos, values),
         },
