@@ -107,7 +107,7 @@ pub fn run(
         ),
         #[cfg(target_arch = "x86_64")]
         CpuPath::Avx512Bf16(token) => {
-            let cache = split_avx512::CacheRows::new(plan, src);
+            let stage1 = split_avx512::Stage1::new(token, plan, src);
             let heads = plan.heads.min(HEAD_GROUP);
             for_each_item(
                 plan,
@@ -115,9 +115,7 @@ pub fn run(
                 part_o,
                 part_lse,
                 || split_avx512::Scratch::new(plan, heads),
-                |sc, row, head0, keys, o, lse| {
-                    split_avx512::attend(token, plan, src, &cache, row, head0, keys, sc, o, lse)
-                },
+                |sc, row, head0, keys, o, lse| stage1.attend(row, head0, keys, sc, o, lse),
             )
         }
     }
