@@ -63,14 +63,52 @@ pub const KEY_CHUNK: usize = 256;
 /// row's arithmetic never depends on the batch; parallelism comes from rows and splits.
 pub const HEAD_GROUP: usize = 128;
 
+/// The online softmax's running state of a work item's heads, on both paths: the running max
+/// `m`, the row sum `l` and the accumulator `acc` (`[heads][stride]`).
+pub(super) struct SoftmaxState {
+    pub m: Vec<f32>,
+    pub l: Vec<f32>,
+    pub acc: Vec<f32>,
+    stride: usize,
+}
+
+impl SoftmaxState {
+    pub fn new(heads: usize, stride: usize) -> Self {
+        SoftmaxState {
+            m: vec![0.0; heads],
+            l: vec![0.0; heads],
+            acc: vec![0.0; heads * stride],
+            stride,
+        }
+    }
+
+    /// The state before the first key of the first `heads` heads: m = -inf, l = 0, acc = 0.
+    pub fn reset(&mut self, heads: usize) {
+        self.m[..heads].fill(f32::NEG_INFINITY);
+        self.l[..heads].fill(0.0);
+        self.acc[..heads * self.stride].fill(0.0);
+    }
+
+    /// The partial output `acc * out_scale / l` (the first `width` values of each accumulator
+    /// row) and its LSE `m + ln(l)`, for the heads of `lse`.
+    pub fn write(&self, out_scale: f32, width: usize, o: &mut [f32], lse: &mut [f32]) {
+        let stride = self.stride;
+        for (i, lse_i) in lse.iter_mut().enumerate() {
+            let acc_i = &self.acc[i * stride..i * stride + width];
+            for (dst, a) in o[i * width..(i + 1) * width].iter_mut().zip(acc_i) {
+                *dst = a * out_scale / self.l[i];
+            }
+            *lse_i = self.m[i] + self.l[i].ln();
+        }
+    }
+}
+
 /// Per-thread buffers of one work item.
 struct Scratch {
-    q: Vec<f32>,   // [HEAD_GROUP, D]
-    k: Vec<f32>,   // [KEY_CHUNK, D]
-    s: Vec<f32>,   // [HEAD_GROUP, KEY_CHUNK]
-    acc: Vec<f32>, // [HEAD_GROUP, L]
-    m: Vec<f32>,   // [HEAD_GROUP]
-    l: Vec<f32>,   // [HEAD_GROUP]
+    q: Vec<f32>, // [HEAD_GROUP, D]
+    k: Vec<f32>, // [KEY_CHUNK, D]
+    s: Vec<f32>, // [HEAD_GROUP, KEY_CHUNK]
+    state: SoftmaxState,
 }
 
 impl Scratch {
@@ -79,9 +117,7 @@ impl Scratch {
             q: vec![0.0; HEAD_GROUP * d],
             k: vec![0.0; KEY_CHUNK * d],
             s: vec![0.0; HEAD_GROUP * KEY_CHUNK],
-            acc: vec![0.0; HEAD_GROUP * l],
-            m: vec![0.0; HEAD_GROUP],
-            l: vec![0.0; HEAD_GROUP],
+            state: SoftmaxState::new(HEAD_GROUP, l),
         }
     }
 }
@@ -170,9 +206,7 @@ fn attend(
     for i in 0..hg {
         src.load_q(plan, row, head0 + i, &mut sc.q[i * d..(i + 1) * d]);
     }
-    sc.m[..hg].fill(f32::NEG_INFINITY);
-    sc.l[..hg].fill(0.0);
-    sc.acc[..hg * l].fill(0.0);
+    sc.state.reset(hg);
 
     for chunk in (keys.start..keys.end).step_by(KEY_CHUNK) {
         let n = KEY_CHUNK.min(keys.end - chunk);
@@ -193,21 +227,22 @@ fn attend(
             s_mat,
         );
         // 3. online softmax
+        let st = &mut sc.state;
         for i in 0..hg {
             let p = &mut sc.s[i * KEY_CHUNK..i * KEY_CHUNK + n];
-            let m_new = p.iter().fold(sc.m[i], |a, &b| a.max(b));
+            let m_new = p.iter().fold(st.m[i], |a, &b| a.max(b));
             // exp(-inf) = 0 on the first chunk, when the accumulator is still zero.
-            let alpha = (sc.m[i] - m_new).exp();
+            let alpha = (st.m[i] - m_new).exp();
             let mut sum = 0.0f32;
             for x in p.iter_mut() {
                 let e = (*x - m_new).exp();
                 sum += e;
                 *x = (num.round_p)(plan, e);
             }
-            sc.l[i] = sc.l[i] * alpha + sum;
-            sc.m[i] = m_new;
+            st.l[i] = st.l[i] * alpha + sum;
+            st.m[i] = m_new;
             if alpha != 1.0 {
-                sc.acc[i * l..(i + 1) * l]
+                st.acc[i * l..(i + 1) * l]
                     .iter_mut()
                     .for_each(|a| *a *= alpha);
             }
@@ -220,32 +255,10 @@ fn attend(
             &sc.k,
             Mat::rows(n, l, d),
             1.0,
-            &mut sc.acc,
+            &mut sc.state.acc,
             Mat::rows(hg, l, l),
         );
     }
 
-    write_partial(&sc.acc, l, &sc.m, &sc.l, num.out_scale, l, o, lse);
-}
-
-/// The partial output `acc * out_scale / l` (the first `width` values of each accumulator
-/// row, rows `acc_stride` apart) and its LSE `m + ln(l)`, for the heads of `lse`.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn write_partial(
-    acc: &[f32],
-    acc_stride: usize,
-    m: &[f32],
-    l: &[f32],
-    out_scale: f32,
-    width: usize,
-    o: &mut [f32],
-    lse: &mut [f32],
-) {
-    for (i, lse_i) in lse.iter_mut().enumerate() {
-        let acc_i = &acc[i * acc_stride..i * acc_stride + width];
-        for (dst, a) in o[i * width..(i + 1) * width].iter_mut().zip(acc_i) {
-            *dst = a * out_scale / l[i];
-        }
-        *lse_i = m[i] + l[i].ln();
-    }
+    sc.state.write(num.out_scale, l, o, lse);
 }

@@ -15,7 +15,7 @@ use half::bf16;
 
 use super::avx512::{self, Avx512Bf16, LANES};
 use super::inputs::HostInputs;
-use super::split::write_partial;
+use super::split::SoftmaxState;
 use crate::dtype::KvFormat;
 use crate::plan::{DecodePlan, KeyRange};
 
@@ -69,9 +69,7 @@ impl<'a> Stage1<'a> {
         let request = row / plan.query_len;
 
         self.pack_q(row, head0, hg, hp, sc);
-        sc.m[..hp].fill(f32::NEG_INFINITY);
-        sc.l[..hp].fill(0.0);
-        sc.acc[..hp * lp].fill(0.0);
+        sc.state.reset(hp);
 
         for chunk in (keys.start..keys.end).step_by(KEY_CHUNK) {
             let n = KEY_CHUNK.min(keys.end - chunk);
@@ -97,8 +95,8 @@ impl<'a> Stage1<'a> {
                 n,
                 hp,
                 plan.scale,
-                &mut sc.m,
-                &mut sc.l,
+                &mut sc.state.m,
+                &mut sc.state.l,
                 &mut sc.alpha,
                 &mut sc.p,
             );
@@ -113,11 +111,11 @@ impl<'a> Stage1<'a> {
                 hp,
                 lp,
                 &sc.alpha,
-                &mut sc.acc,
+                &mut sc.state.acc,
             );
         }
 
-        write_partial(&sc.acc, lp, &sc.m, &sc.l, 1.0, plan.kv_lora_rank, o, lse);
+        sc.state.write(1.0, plan.kv_lora_rank, o, lse);
     }
 
     /// q of the group's heads as bf16 pairs `[pairs][hp]`, the padding heads and the odd
@@ -179,16 +177,14 @@ impl<'a> Stage1<'a> {
 /// Per-thread buffers of one work item (`hp` heads rounded up to 16, `lp` = L rounded up to
 /// 16, `pairs` = D / 2 rounded up).
 pub struct Scratch {
-    q: Vec<u32>,    // [pairs][hp]
-    row: Vec<f32>,  // [D]: a q or key row as f32
-    keys: Vec<u16>, // [KEY_CHUNK][2 * pairs]
-    s: Vec<f32>,    // [KEY_CHUNK][hp]
-    p: Vec<u32>,    // [KEY_CHUNK / 2][hp]
-    v: Vec<u32>,    // [KEY_CHUNK / 2][lp]
-    acc: Vec<f32>,  // [hp][lp]
-    m: Vec<f32>,
-    l: Vec<f32>,
-    alpha: Vec<f32>,
+    q: Vec<u32>,         // [pairs][hp]
+    row: Vec<f32>,       // [D]: a q or key row as f32
+    keys: Vec<u16>,      // [KEY_CHUNK][2 * pairs]
+    s: Vec<f32>,         // [KEY_CHUNK][hp]
+    p: Vec<u32>,         // [KEY_CHUNK / 2][hp]
+    v: Vec<u32>,         // [KEY_CHUNK / 2][lp]
+    state: SoftmaxState, // acc [hp][lp]
+    alpha: Vec<f32>,     // [hp]
 }
 
 impl Scratch {
@@ -201,9 +197,7 @@ impl Scratch {
             s: vec![0.0; KEY_CHUNK * hp],
             p: vec![0; KEY_CHUNK / 2 * hp],
             v: vec![0; KEY_CHUNK / 2 * lp],
-            acc: vec![0.0; hp * lp],
-            m: vec![0.0; hp],
-            l: vec![0.0; hp],
+            state: SoftmaxState::new(hp, lp),
             alpha: vec![0.0; hp],
         }
     }
