@@ -17,6 +17,9 @@
 //! and the keys' raw fp8 codes (`HostInputs`), `q_scale * k_scale` on the scores, P times
 //! [`FP8_P_SCALE`] rounded to e4m3, and `k_scale / FP8_P_SCALE` on the output.
 
+use std::cell::RefCell;
+use std::thread::LocalKey;
+
 use rayon::prelude::*;
 
 use super::gemm::{Mat, gemm};
@@ -122,6 +125,17 @@ impl Scratch {
     }
 }
 
+/// A thread's scratch of a stage-1 path, with the shape it was made for: `[D, L, heads of a
+/// work item]`. It lives as long as the thread, so that a decode allocates none when its
+/// shape is the last one's.
+type Cached<S> = RefCell<Option<([usize; 3], S)>>;
+
+thread_local! {
+    static PORTABLE: Cached<Scratch> = const { RefCell::new(None) };
+    #[cfg(target_arch = "x86_64")]
+    static AVX512: Cached<split_avx512::Scratch> = const { RefCell::new(None) };
+}
+
 /// Runs stage 1 for every (row, split) of the plan on `path`. `part_o` is
 /// `[rows, splits, H, L]`, `part_lse` `[rows, splits, H]`; empty splits are left as they are.
 pub fn run(
@@ -138,6 +152,7 @@ pub fn run(
             src,
             part_o,
             part_lse,
+            &PORTABLE,
             || Scratch::new(d, l),
             |sc, row, head0, keys, o, lse| attend(plan, src, row, head0, keys, sc, o, lse),
         ),
@@ -150,6 +165,7 @@ pub fn run(
                 src,
                 part_o,
                 part_lse,
+                &AVX512,
                 || split_avx512::Scratch::new(plan, heads),
                 |sc, row, head0, keys, o, lse| stage1.attend(row, head0, keys, sc, o, lse),
             )
@@ -157,32 +173,44 @@ pub fn run(
     }
 }
 
-/// Runs `item` on every work item (row, split, head group) in parallel, with one scratch
-/// per rayon job, not per item: a job walks many of them.
-fn for_each_item<S>(
+/// Runs `item` on every work item (row, split, head group) in parallel, with the scratch of
+/// the thread that runs it (`make` builds it where the thread has none of this shape).
+#[allow(clippy::too_many_arguments)]
+fn for_each_item<S: 'static>(
     plan: &DecodePlan,
     src: &HostInputs<'_>,
     part_o: &mut [f32],
     part_lse: &mut [f32],
-    scratch: impl Fn() -> S + Sync + Send,
+    scratch: &'static LocalKey<Cached<S>>,
+    make: impl Fn() -> S + Sync + Send,
     item: impl Fn(&mut S, usize, usize, KeyRange, &mut [f32], &mut [f32]) + Sync + Send,
 ) {
     let (h, l) = (plan.heads, plan.kv_lora_rank);
     let splits = plan.num_kv_splits;
+    let shape = [plan.head_dim(), l, h.min(HEAD_GROUP)];
     part_o
         .par_chunks_mut(h * l)
         .zip(part_lse.par_chunks_mut(h))
         .enumerate()
-        .for_each_init(scratch, |sc, (rs, (o, lse))| {
+        .for_each(|(rs, (o, lse))| {
             let (row, s) = (rs / splits, rs % splits);
             let keys = split_range(src.row_keys(plan, row), s, splits);
             if keys.is_empty() {
                 return;
             }
-            let groups = o.chunks_mut(HEAD_GROUP * l).zip(lse.chunks_mut(HEAD_GROUP));
-            for (g, (o, lse)) in groups.enumerate() {
-                item(sc, row, g * HEAD_GROUP, keys, o, lse);
-            }
+            scratch.with_borrow_mut(|cached| {
+                if cached
+                    .as_ref()
+                    .is_some_and(|(made_for, _)| *made_for != shape)
+                {
+                    *cached = None;
+                }
+                let (_, sc) = cached.get_or_insert_with(|| (shape, make()));
+                let groups = o.chunks_mut(HEAD_GROUP * l).zip(lse.chunks_mut(HEAD_GROUP));
+                for (g, (o, lse)) in groups.enumerate() {
+                    item(sc, row, g * HEAD_GROUP, keys, o, lse);
+                }
+            });
         });
 }
 
