@@ -153,14 +153,25 @@ impl<'a> HostInputs<'a> {
         }
     }
 
-    /// Key `pos` of `request` as the values the products use (`dst` holds D values). The page
-    /// was checked in range by [`HostInputs::new`].
-    pub fn load_key(&self, plan: &DecodePlan, request: usize, pos: usize, dst: &mut [f32]) {
+    /// The cache bytes of the first `values` values of key `pos` of `request`. The page was
+    /// checked in range by [`HostInputs::new`].
+    pub fn key_bytes(
+        &self,
+        plan: &DecodePlan,
+        request: usize,
+        pos: usize,
+        values: usize,
+    ) -> &'a [u8] {
         let ps = plan.kv.page_size;
         let block = self.block_table[request * plan.block_table_stride + pos / ps] as usize;
         let elem = block * plan.kv.page_stride + (pos % ps) * plan.kv.token_stride;
         let off = elem * self.kv_elem;
+        &self.kv[off..off + values * self.kv_elem]
+    }
+
+    /// Key `pos` of `request` as the values the products use (`dst` holds D values).
+    pub fn load_key(&self, plan: &DecodePlan, request: usize, pos: usize, dst: &mut [f32]) {
         self.decoder
-            .decode(&self.kv[off..off + dst.len() * self.kv_elem], dst);
+            .decode(self.key_bytes(plan, request, pos, dst.len()), dst);
     }
 }

@@ -111,11 +111,7 @@ impl CpuBackend {
         let part_o = &mut head[ro.offset / 4..(ro.offset + ro.bytes) / 4];
         let part_lse = &mut tail[..rl.bytes / 4];
 
-        let kv = inputs
-            .kv_cache
-            .host_bytes()
-            .ok_or_else(|| Error::memory("kv_cache", "expected a host tensor"))?;
-        split::run(plan, &src, self.path, kv, part_o, part_lse);
+        split::run(plan, &src, self.path, part_o, part_lse);
 
         let lse = outputs
             .lse

@@ -17,6 +17,9 @@
 //! and the keys' raw fp8 codes (`HostInputs`), `q_scale * k_scale` on the scores, P times
 //! [`FP8_P_SCALE`] rounded to e4m3, and `k_scale / FP8_P_SCALE` on the output.
 
+use std::cell::RefCell;
+use std::thread::LocalKey;
+
 use rayon::prelude::*;
 
 use super::gemm::{Mat, gemm};
@@ -63,14 +66,52 @@ pub const KEY_CHUNK: usize = 256;
 /// row's arithmetic never depends on the batch; parallelism comes from rows and splits.
 pub const HEAD_GROUP: usize = 128;
 
+/// The online softmax's running state of a work item's heads, on both paths: the running max
+/// `m`, the row sum `l` and the accumulator `acc` (`[heads][stride]`).
+pub(super) struct SoftmaxState {
+    pub m: Vec<f32>,
+    pub l: Vec<f32>,
+    pub acc: Vec<f32>,
+    stride: usize,
+}
+
+impl SoftmaxState {
+    pub fn new(heads: usize, stride: usize) -> Self {
+        SoftmaxState {
+            m: vec![0.0; heads],
+            l: vec![0.0; heads],
+            acc: vec![0.0; heads * stride],
+            stride,
+        }
+    }
+
+    /// The state before the first key of the first `heads` heads: m = -inf, l = 0, acc = 0.
+    pub fn reset(&mut self, heads: usize) {
+        self.m[..heads].fill(f32::NEG_INFINITY);
+        self.l[..heads].fill(0.0);
+        self.acc[..heads * self.stride].fill(0.0);
+    }
+
+    /// The partial output `acc * out_scale / l` (the first `width` values of each accumulator
+    /// row) and its LSE `m + ln(l)`, for the heads of `lse`.
+    pub fn write(&self, out_scale: f32, width: usize, o: &mut [f32], lse: &mut [f32]) {
+        let stride = self.stride;
+        for (i, lse_i) in lse.iter_mut().enumerate() {
+            let acc_i = &self.acc[i * stride..i * stride + width];
+            for (dst, a) in o[i * width..(i + 1) * width].iter_mut().zip(acc_i) {
+                *dst = a * out_scale / self.l[i];
+            }
+            *lse_i = self.m[i] + self.l[i].ln();
+        }
+    }
+}
+
 /// Per-thread buffers of one work item.
 struct Scratch {
-    q: Vec<f32>,   // [HEAD_GROUP, D]
-    k: Vec<f32>,   // [KEY_CHUNK, D]
-    s: Vec<f32>,   // [HEAD_GROUP, KEY_CHUNK]
-    acc: Vec<f32>, // [HEAD_GROUP, L]
-    m: Vec<f32>,   // [HEAD_GROUP]
-    l: Vec<f32>,   // [HEAD_GROUP]
+    q: Vec<f32>, // [HEAD_GROUP, D]
+    k: Vec<f32>, // [KEY_CHUNK, D]
+    s: Vec<f32>, // [HEAD_GROUP, KEY_CHUNK]
+    state: SoftmaxState,
 }
 
 impl Scratch {
@@ -79,11 +120,20 @@ impl Scratch {
             q: vec![0.0; HEAD_GROUP * d],
             k: vec![0.0; KEY_CHUNK * d],
             s: vec![0.0; HEAD_GROUP * KEY_CHUNK],
-            acc: vec![0.0; HEAD_GROUP * l],
-            m: vec![0.0; HEAD_GROUP],
-            l: vec![0.0; HEAD_GROUP],
+            state: SoftmaxState::new(HEAD_GROUP, l),
         }
     }
+}
+
+/// A thread's scratch of a stage-1 path, with the shape it was made for: `[D, L, heads of a
+/// work item]`. It lives as long as the thread, so that a decode allocates none when its
+/// shape is the last one's.
+type Cached<S> = RefCell<Option<([usize; 3], S)>>;
+
+thread_local! {
+    static PORTABLE: Cached<Scratch> = const { RefCell::new(None) };
+    #[cfg(target_arch = "x86_64")]
+    static AVX512: Cached<split_avx512::Scratch> = const { RefCell::new(None) };
 }
 
 /// Runs stage 1 for every (row, split) of the plan on `path`. `part_o` is
@@ -92,7 +142,6 @@ pub fn run(
     plan: &DecodePlan,
     src: &HostInputs<'_>,
     path: CpuPath,
-    kv: &[u8],
     part_o: &mut [f32],
     part_lse: &mut [f32],
 ) {
@@ -103,55 +152,65 @@ pub fn run(
             src,
             part_o,
             part_lse,
+            &PORTABLE,
             || Scratch::new(d, l),
             |sc, row, head0, keys, o, lse| attend(plan, src, row, head0, keys, sc, o, lse),
         ),
         #[cfg(target_arch = "x86_64")]
         CpuPath::Avx512Bf16(token) => {
-            let cache = split_avx512::CacheRows::new(plan, src, kv);
+            let stage1 = split_avx512::Stage1::new(token, plan, src);
             let heads = plan.heads.min(HEAD_GROUP);
             for_each_item(
                 plan,
                 src,
                 part_o,
                 part_lse,
+                &AVX512,
                 || split_avx512::Scratch::new(plan, heads),
-                |sc, row, head0, keys, o, lse| {
-                    split_avx512::attend(token, plan, src, &cache, row, head0, keys, sc, o, lse)
-                },
+                |sc, row, head0, keys, o, lse| stage1.attend(row, head0, keys, sc, o, lse),
             )
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = kv;
 }
 
-/// Runs `item` on every work item (row, split, head group) in parallel, with one scratch
-/// per rayon job, not per item: a job walks many of them.
-fn for_each_item<S>(
+/// Runs `item` on every work item (row, split, head group) in parallel, with the scratch of
+/// the thread that runs it (`make` builds it where the thread has none of this shape).
+#[allow(clippy::too_many_arguments)]
+fn for_each_item<S: 'static>(
     plan: &DecodePlan,
     src: &HostInputs<'_>,
     part_o: &mut [f32],
     part_lse: &mut [f32],
-    scratch: impl Fn() -> S + Sync + Send,
+    scratch: &'static LocalKey<Cached<S>>,
+    make: impl Fn() -> S + Sync + Send,
     item: impl Fn(&mut S, usize, usize, KeyRange, &mut [f32], &mut [f32]) + Sync + Send,
 ) {
     let (h, l) = (plan.heads, plan.kv_lora_rank);
     let splits = plan.num_kv_splits;
+    let shape = [plan.head_dim(), l, h.min(HEAD_GROUP)];
     part_o
         .par_chunks_mut(h * l)
         .zip(part_lse.par_chunks_mut(h))
         .enumerate()
-        .for_each_init(scratch, |sc, (rs, (o, lse))| {
+        .for_each(|(rs, (o, lse))| {
             let (row, s) = (rs / splits, rs % splits);
             let keys = split_range(src.row_keys(plan, row), s, splits);
             if keys.is_empty() {
                 return;
             }
-            let groups = o.chunks_mut(HEAD_GROUP * l).zip(lse.chunks_mut(HEAD_GROUP));
-            for (g, (o, lse)) in groups.enumerate() {
-                item(sc, row, g * HEAD_GROUP, keys, o, lse);
-            }
+            scratch.with_borrow_mut(|cached| {
+                if cached
+                    .as_ref()
+                    .is_some_and(|(made_for, _)| *made_for != shape)
+                {
+                    *cached = None;
+                }
+                let (_, sc) = cached.get_or_insert_with(|| (shape, make()));
+                let groups = o.chunks_mut(HEAD_GROUP * l).zip(lse.chunks_mut(HEAD_GROUP));
+                for (g, (o, lse)) in groups.enumerate() {
+                    item(sc, row, g * HEAD_GROUP, keys, o, lse);
+                }
+            });
         });
 }
 
@@ -175,9 +234,7 @@ fn attend(
     for i in 0..hg {
         src.load_q(plan, row, head0 + i, &mut sc.q[i * d..(i + 1) * d]);
     }
-    sc.m[..hg].fill(f32::NEG_INFINITY);
-    sc.l[..hg].fill(0.0);
-    sc.acc[..hg * l].fill(0.0);
+    sc.state.reset(hg);
 
     for chunk in (keys.start..keys.end).step_by(KEY_CHUNK) {
         let n = KEY_CHUNK.min(keys.end - chunk);
@@ -198,21 +255,22 @@ fn attend(
             s_mat,
         );
         // 3. online softmax
+        let st = &mut sc.state;
         for i in 0..hg {
             let p = &mut sc.s[i * KEY_CHUNK..i * KEY_CHUNK + n];
-            let m_new = p.iter().fold(sc.m[i], |a, &b| a.max(b));
+            let m_new = p.iter().fold(st.m[i], |a, &b| a.max(b));
             // exp(-inf) = 0 on the first chunk, when the accumulator is still zero.
-            let alpha = (sc.m[i] - m_new).exp();
+            let alpha = (st.m[i] - m_new).exp();
             let mut sum = 0.0f32;
             for x in p.iter_mut() {
                 let e = (*x - m_new).exp();
                 sum += e;
                 *x = (num.round_p)(plan, e);
             }
-            sc.l[i] = sc.l[i] * alpha + sum;
-            sc.m[i] = m_new;
+            st.l[i] = st.l[i] * alpha + sum;
+            st.m[i] = m_new;
             if alpha != 1.0 {
-                sc.acc[i * l..(i + 1) * l]
+                st.acc[i * l..(i + 1) * l]
                     .iter_mut()
                     .for_each(|a| *a *= alpha);
             }
@@ -225,32 +283,10 @@ fn attend(
             &sc.k,
             Mat::rows(n, l, d),
             1.0,
-            &mut sc.acc,
+            &mut sc.state.acc,
             Mat::rows(hg, l, l),
         );
     }
 
-    write_partial(&sc.acc, l, &sc.m, &sc.l, num.out_scale, l, o, lse);
-}
-
-/// The partial output `acc * out_scale / l` (the first `width` values of each accumulator
-/// row, rows `acc_stride` apart) and its LSE `m + ln(l)`, for the heads of `lse`.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn write_partial(
-    acc: &[f32],
-    acc_stride: usize,
-    m: &[f32],
-    l: &[f32],
-    out_scale: f32,
-    width: usize,
-    o: &mut [f32],
-    lse: &mut [f32],
-) {
-    for (i, lse_i) in lse.iter_mut().enumerate() {
-        let acc_i = &acc[i * acc_stride..i * acc_stride + width];
-        for (dst, a) in o[i * width..(i + 1) * width].iter_mut().zip(acc_i) {
-            *dst = a * out_scale / l[i];
-        }
-        *lse_i = m[i] + l[i].ln();
-    }
+    sc.state.write(num.out_scale, l, o, lse);
 }

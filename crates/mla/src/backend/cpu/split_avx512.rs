@@ -15,7 +15,7 @@ use half::bf16;
 
 use super::avx512::{self, Avx512Bf16, LANES};
 use super::inputs::HostInputs;
-use super::split::write_partial;
+use super::split::SoftmaxState;
 use crate::dtype::KvFormat;
 use crate::plan::{DecodePlan, KeyRange};
 
@@ -23,17 +23,20 @@ use crate::plan::{DecodePlan, KeyRange};
 /// values, scores and the accumulator of 128 heads stay inside its 1 MB L2.
 pub const KEY_CHUNK: usize = 128;
 
-/// The cache as the work items read it: where each key row lies and how it becomes bf16.
-pub struct CacheRows<'a> {
-    kv: &'a [u8],
-    format: KvFormat,
+/// What every work item of a decode reads: the plan, the inputs, and how a key row becomes
+/// bf16.
+pub struct Stage1<'a> {
+    token: Avx512Bf16,
+    plan: &'a DecodePlan,
+    src: &'a HostInputs<'a>,
     /// The decoder's value of each fp8 byte, as bf16 bits.
     fp8: [u16; 256],
 }
 
-impl<'a> CacheRows<'a> {
-    /// `kv` is the cache's bytes (checked by [`HostInputs::new`] with the block ids).
-    pub fn new(plan: &DecodePlan, src: &HostInputs<'_>, kv: &'a [u8]) -> Self {
+impl<'a> Stage1<'a> {
+    /// The work items' view of a decode, with the fp8 table of its decoder (zero for a 16-bit
+    /// cache).
+    pub fn new(token: Avx512Bf16, plan: &'a DecodePlan, src: &'a HostInputs<'a>) -> Self {
         let mut fp8 = [0u16; 256];
         if plan.kv_format.is_fp8() {
             for (b, t) in fp8.iter_mut().enumerate() {
@@ -42,10 +45,131 @@ impl<'a> CacheRows<'a> {
                 *t = bf16::from_f32(x[0]).to_bits();
             }
         }
-        CacheRows {
-            kv,
-            format: plan.kv_format,
+        Stage1 {
+            token,
+            plan,
+            src,
             fp8,
+        }
+    }
+
+    /// One work item: heads `head0..head0 + lse.len()` of `row` over `keys`.
+    pub fn attend(
+        &self,
+        row: usize,
+        head0: usize,
+        keys: KeyRange,
+        sc: &mut Scratch,
+        o: &mut [f32],
+        lse: &mut [f32],
+    ) {
+        let (token, plan) = (self.token, self.plan);
+        let hg = lse.len();
+        let (hp, lp, pairs) = shape(plan, hg);
+        let request = row / plan.query_len;
+
+        self.pack_q(row, head0, hg, hp, sc);
+        sc.state.reset(hp);
+
+        for chunk in (keys.start..keys.end).step_by(KEY_CHUNK) {
+            let n = KEY_CHUNK.min(keys.end - chunk);
+            // 1. keys: in place, or decoded into the chunk's buffer
+            let mut rows: [&[u16]; KEY_CHUNK] = [&[]; KEY_CHUNK];
+            let buffers = sc.keys.chunks_exact_mut(2 * pairs);
+            for ((r, buf), pos) in rows.iter_mut().zip(buffers).zip(chunk..chunk + n) {
+                *r = match self.cache_row(request, pos) {
+                    Some(in_cache) => in_cache,
+                    None => {
+                        self.decode_row(request, pos, buf, &mut sc.row);
+                        buf
+                    }
+                };
+            }
+            let rows = &rows[..n];
+            // 2. S^T = K Q^T
+            avx512::scores(token, rows, &sc.q, pairs, hp, &mut sc.s);
+            // 3. online softmax
+            avx512::softmax(
+                token,
+                &sc.s,
+                n,
+                hp,
+                plan.scale,
+                &mut sc.state.m,
+                &mut sc.state.l,
+                &mut sc.alpha,
+                &mut sc.p,
+            );
+            // 4. acc = alpha * acc + P V
+            avx512::pack_values(token, rows, plan.kv_lora_rank, lp, &mut sc.v);
+            let key_pairs = n.div_ceil(2);
+            avx512::accumulate(
+                token,
+                &sc.p,
+                &sc.v,
+                key_pairs,
+                hp,
+                lp,
+                &sc.alpha,
+                &mut sc.state.acc,
+            );
+        }
+
+        sc.state.write(1.0, plan.kv_lora_rank, o, lse);
+    }
+
+    /// q of the group's heads as bf16 pairs `[pairs][hp]`, the padding heads and the odd
+    /// dimension's partner zero. q holds bf16 values (this path takes a bf16 model dtype), so
+    /// the bits are exact.
+    fn pack_q(&self, row: usize, head0: usize, hg: usize, hp: usize, sc: &mut Scratch) {
+        let d = self.plan.head_dim();
+        sc.q.fill(0);
+        for h in 0..hg {
+            self.src.load_q(self.plan, row, head0 + h, &mut sc.row);
+            for (i, &x) in sc.row[..d].iter().enumerate() {
+                let bits = u32::from(bf16::from_f32(x).to_bits());
+                sc.q[(i / 2) * hp + h] |= bits << (16 * (i % 2));
+            }
+        }
+    }
+
+    /// A bf16 key row as it lies in the cache, when its values are what the products take and
+    /// it holds an even count of them (the scores read pairs).
+    fn cache_row(&self, request: usize, pos: usize) -> Option<&'a [u16]> {
+        let d = self.plan.head_dim();
+        if self.plan.kv_format != KvFormat::Bf16 || !d.is_multiple_of(2) {
+            return None;
+        }
+        bytemuck::try_cast_slice(self.src.key_bytes(self.plan, request, pos, d)).ok()
+    }
+
+    /// Key `pos` of `request` as the bf16 values the products take, into `dst` (2 * pairs
+    /// values, the last one zero when D is odd); `f32_row` (D values) is the buffer of the rows
+    /// the fast conversions cannot take.
+    fn decode_row(&self, request: usize, pos: usize, dst: &mut [u16], f32_row: &mut [f32]) {
+        let d = self.plan.head_dim();
+        let bytes = self.src.key_bytes(self.plan, request, pos, d);
+        let (values, pad) = dst.split_at_mut(d);
+        pad.fill(0);
+        match self.plan.kv_format {
+            KvFormat::Fp8E4m3 | KvFormat::Fp8E5m2 => {
+                avx512::fp8_to_bf16(self.token, &self.fp8, bytes, values);
+            }
+            KvFormat::F16 => match bytemuck::try_cast_slice(bytes) {
+                Ok(f16s) => avx512::f16_to_bf16(self.token, f16s, values),
+                Err(_) => self.decode_through_f32(request, pos, values, f32_row),
+            },
+            KvFormat::Bf16 => self.decode_through_f32(request, pos, values, f32_row),
+        }
+    }
+
+    /// The decoder's f32 values (bf16 numbers for a bf16 model) as bf16 bits: for rows the
+    /// fast conversions cannot take (an odd width, unaligned bytes).
+    fn decode_through_f32(&self, request: usize, pos: usize, dst: &mut [u16], x: &mut [f32]) {
+        let x = &mut x[..dst.len()];
+        self.src.load_key(self.plan, request, pos, x);
+        for (d, &x) in dst.iter_mut().zip(x.iter()) {
+            *d = bf16::from_f32(x).to_bits();
         }
     }
 }
@@ -53,16 +177,14 @@ impl<'a> CacheRows<'a> {
 /// Per-thread buffers of one work item (`hp` heads rounded up to 16, `lp` = L rounded up to
 /// 16, `pairs` = D / 2 rounded up).
 pub struct Scratch {
-    q: Vec<u32>,     // [pairs][hp]
-    q_row: Vec<f32>, // [D]
-    keys: Vec<u16>,  // [KEY_CHUNK][2 * pairs]
-    s: Vec<f32>,     // [KEY_CHUNK][hp]
-    p: Vec<u32>,     // [KEY_CHUNK / 2][hp]
-    v: Vec<u32>,     // [KEY_CHUNK / 2][lp]
-    acc: Vec<f32>,   // [hp][lp]
-    m: Vec<f32>,
-    l: Vec<f32>,
-    alpha: Vec<f32>,
+    q: Vec<u32>,         // [pairs][hp]
+    row: Vec<f32>,       // [D]: a q or key row as f32
+    keys: Vec<u16>,      // [KEY_CHUNK][2 * pairs]
+    s: Vec<f32>,         // [KEY_CHUNK][hp]
+    p: Vec<u32>,         // [KEY_CHUNK / 2][hp]
+    v: Vec<u32>,         // [KEY_CHUNK / 2][lp]
+    state: SoftmaxState, // acc [hp][lp]
+    alpha: Vec<f32>,     // [hp]
 }
 
 impl Scratch {
@@ -70,14 +192,12 @@ impl Scratch {
         let (hp, lp, pairs) = shape(plan, heads);
         Scratch {
             q: vec![0; pairs * hp],
-            q_row: vec![0.0; plan.head_dim()],
+            row: vec![0.0; plan.head_dim()],
             keys: vec![0; KEY_CHUNK * 2 * pairs],
             s: vec![0.0; KEY_CHUNK * hp],
             p: vec![0; KEY_CHUNK / 2 * hp],
             v: vec![0; KEY_CHUNK / 2 * lp],
-            acc: vec![0.0; hp * lp],
-            m: vec![0.0; hp],
-            l: vec![0.0; hp],
+            state: SoftmaxState::new(hp, lp),
             alpha: vec![0.0; hp],
         }
     }
@@ -90,164 +210,4 @@ fn shape(plan: &DecodePlan, heads: usize) -> (usize, usize, usize) {
         plan.kv_lora_rank.next_multiple_of(LANES),
         plan.head_dim().div_ceil(2),
     )
-}
-
-/// One work item: heads `head0..head0 + lse.len()` of `row` over `keys`.
-#[allow(clippy::too_many_arguments)]
-pub fn attend(
-    token: Avx512Bf16,
-    plan: &DecodePlan,
-    src: &HostInputs<'_>,
-    cache: &CacheRows<'_>,
-    row: usize,
-    head0: usize,
-    keys: KeyRange,
-    sc: &mut Scratch,
-    o: &mut [f32],
-    lse: &mut [f32],
-) {
-    let hg = lse.len();
-    let (hp, lp, pairs) = shape(plan, hg);
-    let request = row / plan.query_len;
-
-    pack_q(plan, src, row, head0, hg, hp, sc);
-    sc.m[..hp].fill(f32::NEG_INFINITY);
-    sc.l[..hp].fill(0.0);
-    sc.acc[..hp * lp].fill(0.0);
-
-    for chunk in (keys.start..keys.end).step_by(KEY_CHUNK) {
-        let n = KEY_CHUNK.min(keys.end - chunk);
-        // 1. keys
-        for j in 0..n {
-            let row_keys = &mut sc.keys[j * 2 * pairs..(j + 1) * 2 * pairs];
-            if cache_row(plan, src, cache, request, chunk + j).is_none() {
-                decode_row(token, plan, src, cache, request, chunk + j, row_keys);
-            }
-        }
-        let mut rows: [&[u16]; KEY_CHUNK] = [&[]; KEY_CHUNK];
-        for (j, r) in rows.iter_mut().enumerate().take(n) {
-            *r = cache_row(plan, src, cache, request, chunk + j)
-                .unwrap_or(&sc.keys[j * 2 * pairs..(j + 1) * 2 * pairs]);
-        }
-        let rows = &rows[..n];
-        // 2. S^T = K Q^T
-        avx512::scores(token, rows, &sc.q, pairs, hp, &mut sc.s);
-        // 3. online softmax
-        avx512::softmax(
-            token,
-            &sc.s,
-            n,
-            hp,
-            plan.scale,
-            &mut sc.m,
-            &mut sc.l,
-            &mut sc.alpha,
-            &mut sc.p,
-        );
-        // 4. acc = alpha * acc + P V
-        avx512::pack_values(token, rows, plan.kv_lora_rank, lp, &mut sc.v);
-        let key_pairs = n.div_ceil(2);
-        avx512::accumulate(
-            token,
-            &sc.p,
-            &sc.v,
-            key_pairs,
-            hp,
-            lp,
-            &sc.alpha,
-            &mut sc.acc,
-        );
-    }
-
-    write_partial(&sc.acc, lp, &sc.m, &sc.l, 1.0, plan.kv_lora_rank, o, lse);
-}
-
-/// q of the group's heads as bf16 pairs `[pairs][hp]`, the padding heads and the odd
-/// dimension's partner zero. q holds bf16 values (this path takes a bf16 model dtype), so the
-/// bits are exact.
-fn pack_q(
-    plan: &DecodePlan,
-    src: &HostInputs<'_>,
-    row: usize,
-    head0: usize,
-    hg: usize,
-    hp: usize,
-    sc: &mut Scratch,
-) {
-    let d = plan.head_dim();
-    sc.q.fill(0);
-    for h in 0..hg {
-        src.load_q(plan, row, head0 + h, &mut sc.q_row);
-        for (i, &x) in sc.q_row[..d].iter().enumerate() {
-            let bits = u32::from(bf16::from_f32(x).to_bits());
-            sc.q[(i / 2) * hp + h] |= bits << (16 * (i % 2));
-        }
-    }
-}
-
-/// Byte offset of key `pos` of `request` in the cache (its page checked by HostInputs::new).
-fn key_offset(plan: &DecodePlan, src: &HostInputs<'_>, request: usize, pos: usize) -> usize {
-    let ps = plan.kv.page_size;
-    let block = src.block_table[request * plan.block_table_stride + pos / ps] as usize;
-    (block * plan.kv.page_stride + (pos % ps) * plan.kv.token_stride) * plan.kv_format.size()
-}
-
-/// A bf16 key row as it lies in the cache, when its values are what the products take and it
-/// holds an even count of them (the scores read pairs).
-fn cache_row<'a>(
-    plan: &DecodePlan,
-    src: &HostInputs<'_>,
-    cache: &CacheRows<'a>,
-    request: usize,
-    pos: usize,
-) -> Option<&'a [u16]> {
-    let d = plan.head_dim();
-    if cache.format != KvFormat::Bf16 || !d.is_multiple_of(2) {
-        return None;
-    }
-    let off = key_offset(plan, src, request, pos);
-    bytemuck::try_cast_slice(&cache.kv[off..off + 2 * d]).ok()
-}
-
-/// Key `pos` of `request` as the bf16 values the products take, into `dst` (2 * pairs values,
-/// the last one zero when D is odd).
-fn decode_row(
-    token: Avx512Bf16,
-    plan: &DecodePlan,
-    src: &HostInputs<'_>,
-    cache: &CacheRows<'_>,
-    request: usize,
-    pos: usize,
-    dst: &mut [u16],
-) {
-    let d = plan.head_dim();
-    let off = key_offset(plan, src, request, pos);
-    let (values, pad) = dst.split_at_mut(d);
-    pad.fill(0);
-    match cache.format {
-        KvFormat::Fp8E4m3 | KvFormat::Fp8E5m2 => {
-            avx512::fp8_to_bf16(token, &cache.fp8, &cache.kv[off..off + d], values);
-        }
-        KvFormat::F16 => match bytemuck::try_cast_slice(&cache.kv[off..off + 2 * d]) {
-            Ok(f16s) => avx512::f16_to_bf16(token, f16s, values),
-            Err(_) => decode_through_f32(plan, src, request, pos, values),
-        },
-        KvFormat::Bf16 => decode_through_f32(plan, src, request, pos, values),
-    }
-}
-
-/// The decoder's f32 values (bf16 numbers for a bf16 model) as bf16 bits: for rows the fast
-/// conversions cannot take (an odd width, unaligned bytes).
-fn decode_through_f32(
-    plan: &DecodePlan,
-    src: &HostInputs<'_>,
-    request: usize,
-    pos: usize,
-    dst: &mut [u16],
-) {
-    let mut x = vec![0f32; dst.len()];
-    src.load_key(plan, request, pos, &mut x);
-    for (d, x) in dst.iter_mut().zip(x) {
-        *d = bf16::from_f32(x).to_bits();
-    }
 }
