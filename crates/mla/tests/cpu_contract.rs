@@ -293,34 +293,14 @@ prop_compose! {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
-    #[test]
-    fn cpu_backend_matches_the_f64_reference(case in any_case()) {
-        let r = run_case(&case, Device::Cpu);
-        let (o_tol, lse_tol) = case.tolerances();
-        prop_assert!(
-            r.accuracy.o_rel <= o_tol && r.accuracy.lse_abs <= lse_tol,
-            "{:?} for {:#?}", r.accuracy, case
-        );
-        if case.batch_invariant {
-            prop_assert_eq!(r.num_kv_splits, 1);
-        }
-        if let Some(n) = case.fixed_splits {
-            prop_assert_eq!(r.num_kv_splits, n);
-        }
-    }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
-
-    /// Each path this CPU has, forced, over the same grid. The AVX-512 BF16 path takes the
+    /// The CPU backend with its own pick of path, then each path this CPU has, forced: all
+    /// against the one reference of the drawn case. The AVX-512 BF16 path takes the
     /// configurations whose multiplied values are bf16 numbers and refuses the others with an
     /// error naming `cpu_kernel`.
     #[test]
-    fn every_cpu_path_matches_the_f64_reference(case in any_case()) {
-        // One problem and reference for every path.
+    fn cpu_backend_and_every_path_match_the_f64_reference(case in any_case()) {
         let drawn = Drawn::new(&case.spec, |_| {});
-        for kernel in cpu_kernels() {
+        for kernel in std::iter::once(CpuKernel::Auto).chain(cpu_kernels()) {
             let case = Case { cpu_kernel: kernel, ..case.clone() };
             let bf16_values = case.spec.model_dtype == ModelDtype::Bf16 && !case.fp8_query;
             if kernel == CpuKernel::Avx512Bf16 && !bf16_values {
@@ -337,6 +317,12 @@ proptest! {
                 r.accuracy.o_rel <= o_tol && r.accuracy.lse_abs <= lse_tol,
                 "{:?} on {kernel} for {:#?}", r.accuracy, case
             );
+            if case.batch_invariant {
+                prop_assert_eq!(r.num_kv_splits, 1);
+            }
+            if let Some(n) = case.fixed_splits {
+                prop_assert_eq!(r.num_kv_splits, n);
+            }
         }
     }
 }
