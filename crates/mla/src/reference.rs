@@ -1,5 +1,6 @@
 //! The f64 oracle: straight softmax attention over the keys each row sees, with no splits,
-//! no chunks and no rounding of its own. Slow on purpose; every backend is checked against it.
+//! no chunks and no rounding of its own. Plain on purpose (its loops only compiled for the
+//! widest vectors the CPU has, with the same bits); every backend is checked against it.
 //!
 //! It reads the same arguments as [`crate::MlaDecode::forward`] and takes the key and value
 //! numbers through the same [`crate::KvFormat::decoder`] (decoded, times k_scale, rounded to

@@ -118,10 +118,12 @@ const EDGE_LENS: &[usize] = &[
 #[test]
 fn lengths_at_page_tile_and_split_edges() {
     for page in [1, 16, 64] {
+        // One cache for the three query shapes (it is most of the work: 21 requests of up to
+        // 1025 keys), one reference for both split rules.
+        let cache = Drawn::new(&spec(2, page, EDGE_LENS, 1, Mask::Causal), |_| {});
         for (q_len, mask) in [(1, Mask::Causal), (3, Mask::Causal), (2, Mask::NonCausal)] {
-            let case = Case::new(spec(2, page, EDGE_LENS, q_len, mask));
-            // One problem and reference for both split rules.
-            let drawn = Drawn::new(&case.spec, |_| {});
+            let drawn = Drawn::of(cache.problem().with_queries(q_len, mask).unwrap());
+            let case = Case::new(drawn.problem().spec.clone());
             for split_units in [None, Some(8)] {
                 let case = Case {
                     split_units,

@@ -251,10 +251,20 @@ impl Drawn {
     pub fn new(spec: &ProblemSpec, plant: impl FnOnce(&mut Problem)) -> Drawn {
         let mut problem = Problem::generate(spec).unwrap();
         plant(&mut problem);
+        Drawn::of(problem)
+    }
+
+    /// A problem drawn already.
+    pub fn of(problem: Problem) -> Drawn {
         Drawn {
             problem,
             references: RefCell::new(Vec::new()),
         }
+    }
+
+    /// The problem.
+    pub fn problem(&self) -> &Problem {
+        &self.problem
     }
 
     /// [`run_case_with`] on this problem (the case's spec must be the one drawn).
