@@ -1,5 +1,6 @@
 //! The f64 oracle: straight softmax attention over the keys each row sees, with no splits,
-//! no chunks and no rounding of its own. Slow on purpose; every backend is checked against it.
+//! no chunks and no rounding of its own. Plain on purpose (its loops only compiled for the
+//! widest vectors the CPU has, with the same bits); every backend is checked against it.
 //!
 //! It reads the same arguments as [`crate::MlaDecode::forward`] and takes the key and value
 //! numbers through the same [`crate::KvFormat::decoder`] (decoded, times k_scale, rounded to
@@ -151,19 +152,8 @@ pub fn decode_f64(
                         return Ok((out, f64::NEG_INFINITY));
                     }
                     let q = query(&inputs.q, row, head, l, r)?;
-                    let scores: Vec<f64> = keys
-                        .chunks_exact(d)
-                        .map(|k| cfg.scale as f64 * dot(&q, k))
-                        .collect();
-                    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-                    let sum: f64 = w.iter().sum();
-                    for (k, wj) in keys.chunks_exact(d).zip(&w) {
-                        for (acc, &v) in out.iter_mut().zip(&k[..l]) {
-                            *acc += wj / sum * v as f64;
-                        }
-                    }
-                    Ok((out, m + sum.ln()))
+                    let lse = attend(&q, &keys, cfg.scale as f64, &mut out);
+                    Ok((out, lse))
                 })
                 .collect();
             let mut o = Vec::with_capacity(h * l);
@@ -192,13 +182,72 @@ pub fn decode_f64(
     Ok(out)
 }
 
-/// f64 dot product with independent partial sums (so it vectorizes).
+/// One head of one row, `q` `[D]` against `keys` `[n, D]`: softmax of the scaled scores,
+/// their weighted sum of the values (each key's first L elements) added to `out` `[L]`;
+/// returns the LSE. Compiled for the widest vectors the CPU has: the same operations in the
+/// same order everywhere (Rust fuses no multiply-add on its own), so the same bits. The two
+/// calls of the wider copies are its only unsafe code: each after its CPU check.
+#[allow(unsafe_code)]
+fn attend(q: &[f64], keys: &[f32], scale: f64, out: &mut [f64]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked above).
+            return unsafe { attend_avx512(q, keys, scale, out) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked above).
+            return unsafe { attend_avx2(q, keys, scale, out) };
+        }
+    }
+    attend_any(q, keys, scale, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn attend_avx512(q: &[f64], keys: &[f32], scale: f64, out: &mut [f64]) -> f64 {
+    attend_any(q, keys, scale, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn attend_avx2(q: &[f64], keys: &[f32], scale: f64, out: &mut [f64]) -> f64 {
+    attend_any(q, keys, scale, out)
+}
+
+/// [`attend`] for whatever instructions its caller was compiled for (inlined into each).
+#[inline(always)]
+fn attend_any(q: &[f64], keys: &[f32], scale: f64, out: &mut [f64]) -> f64 {
+    let d = q.len();
+    // A loop, not a collect: the collect's code would not be inlined into the wider copies.
+    let mut scores = Vec::with_capacity(keys.len() / d);
+    for k in keys.chunks_exact(d) {
+        scores.push(scale * dot(q, k));
+    }
+    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+    let sum: f64 = w.iter().sum();
+    for (k, wj) in keys.chunks_exact(d).zip(&w) {
+        let p = wj / sum;
+        for (acc, &v) in out.iter_mut().zip(k) {
+            *acc += p * v as f64;
+        }
+    }
+    m + sum.ln()
+}
+
+/// Independent partial sums of the f64 dot product: as many as four of the widest vectors
+/// hold, so that the additions of one step do not wait on each other.
+const DOT_LANES: usize = 32;
+
+/// f64 dot product with [`DOT_LANES`] independent partial sums (so it vectorizes).
+#[inline(always)]
 fn dot(q: &[f64], k: &[f32]) -> f64 {
-    let mut acc = [0f64; 8];
-    let (qc, kc) = (q.chunks_exact(8), k.chunks_exact(8));
+    let mut acc = [0f64; DOT_LANES];
+    let (qc, kc) = (q.chunks_exact(DOT_LANES), k.chunks_exact(DOT_LANES));
     let (qr, kr) = (qc.remainder(), kc.remainder());
     for (a, b) in qc.zip(kc) {
-        for i in 0..8 {
+        for i in 0..DOT_LANES {
             acc[i] += a[i] * b[i] as f64;
         }
     }
@@ -351,9 +400,32 @@ mod tests {
 
     #[test]
     fn dot_matches_a_plain_sum() {
-        let q: Vec<f64> = (0..21).map(|i| i as f64 * 0.5).collect();
-        let k: Vec<f32> = (0..21).map(|i| 1.0 - i as f32 * 0.125).collect();
+        // Two steps of partial sums and a tail.
+        let n = 2 * DOT_LANES + 13;
+        let q: Vec<f64> = (0..n).map(|i| i as f64 * 0.5).collect();
+        let k: Vec<f32> = (0..n).map(|i| 1.0 - i as f32 * 0.125).collect();
         let want: f64 = q.iter().zip(&k).map(|(a, &b)| a * b as f64).sum();
-        assert!((dot(&q, &k) - want).abs() < 1e-12);
+        assert!((dot(&q, &k) - want).abs() < 1e-9 * want.abs());
+    }
+
+    #[test]
+    fn attend_gives_the_same_bits_on_every_instruction_set() {
+        // DeepSeek's widths, values whose products and sums round.
+        let (d, l, n) = (576, 512, 37);
+        let q: Vec<f64> = (0..d)
+            .map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0)
+            .collect();
+        let keys: Vec<f32> = (0..n * d)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 11.0)
+            .collect();
+        let (mut here, mut plain) = (vec![0f64; l], vec![0f64; l]);
+        let lse = attend(&q, &keys, 0.07, &mut here);
+        let plain_lse = attend_any(&q, &keys, 0.07, &mut plain);
+        assert_eq!(lse.to_bits(), plain_lse.to_bits());
+        assert!(
+            here.iter()
+                .zip(&plain)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
     }
 }

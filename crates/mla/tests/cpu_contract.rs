@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Case, assert_accurate, cpu_kernels, formats, run_case, run_case_with, spec};
+use common::{Case, Drawn, assert_accurate, cpu_kernels, formats, run_case, spec};
 use mla::reference::{self, Reference};
 use mla::synth::{CacheBuf, Outputs, Problem, ProblemSpec};
 use mla::{CpuKernel, Device, Error, KvFormat, Mask, MlaDecode, ModelDtype};
@@ -118,11 +118,18 @@ const EDGE_LENS: &[usize] = &[
 #[test]
 fn lengths_at_page_tile_and_split_edges() {
     for page in [1, 16, 64] {
+        // One cache for the three query shapes (it is most of the work: 21 requests of up to
+        // 1025 keys), one reference for both split rules.
+        let cache = Drawn::new(&spec(2, page, EDGE_LENS, 1, Mask::Causal), |_| {});
         for (q_len, mask) in [(1, Mask::Causal), (3, Mask::Causal), (2, Mask::NonCausal)] {
+            let drawn = Drawn::of(cache.problem().with_queries(q_len, mask).unwrap());
+            let case = Case::new(drawn.problem().spec.clone());
             for split_units in [None, Some(8)] {
-                let mut case = Case::new(spec(2, page, EDGE_LENS, q_len, mask));
-                case.split_units = split_units;
-                assert_accurate(&case, run_case(&case, Device::Cpu).accuracy);
+                let case = Case {
+                    split_units,
+                    ..case.clone()
+                };
+                assert_accurate(&case, drawn.run(&case, Device::Cpu, |_| {}).accuracy);
             }
         }
     }
@@ -138,25 +145,25 @@ fn large_scores_and_outlier_keys() {
     // ones are ~0.5): scores of about 100 apart, so that a softmax that mishandles its running
     // maximum (a rescale skipped, a stale maximum) overflows or weighs the wrong keys.
     let base = 192f32.powf(-0.5);
-    for factor in [20.0, 50.0] {
-        for (model, kv) in formats() {
-            for splits in [None, Some(1), Some(5)] {
-                let s = spec(4, 16, &[1, 300, 700, 1300], 1, Mask::Causal).with_format(model, kv);
-                let mut case = Case::new(s);
-                case.fixed_splits = splits;
-                let r = run_case_with(
-                    &case,
-                    Device::Cpu,
-                    |c| c.scale = base * factor,
-                    |p| {
-                        for (i, &(request, key)) in OUTLIERS.iter().enumerate() {
-                            let sign = if i % 2 == 0 { 8.0 } else { -8.0 };
-                            for col in [0, 5, 300, 520] {
-                                p.set_key(request, key, col, sign).unwrap();
-                            }
-                        }
-                    },
-                );
+    for (model, kv) in formats() {
+        let case =
+            Case::new(spec(4, 16, &[1, 300, 700, 1300], 1, Mask::Causal).with_format(model, kv));
+        // One problem for both scales, one reference for each scale's three split counts.
+        let drawn = Drawn::new(&case.spec, |p| {
+            for (i, &(request, key)) in OUTLIERS.iter().enumerate() {
+                let sign = if i % 2 == 0 { 8.0 } else { -8.0 };
+                for col in [0, 5, 300, 520] {
+                    p.set_key(request, key, col, sign).unwrap();
+                }
+            }
+        });
+        for factor in [20.0, 50.0] {
+            for fixed_splits in [None, Some(1), Some(5)] {
+                let case = Case {
+                    fixed_splits,
+                    ..case.clone()
+                };
+                let r = drawn.run(&case, Device::Cpu, |c| c.scale = base * factor);
                 assert_accurate(&case, r.accuracy);
             }
         }
@@ -288,32 +295,14 @@ prop_compose! {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
-    #[test]
-    fn cpu_backend_matches_the_f64_reference(case in any_case()) {
-        let r = run_case(&case, Device::Cpu);
-        let (o_tol, lse_tol) = case.tolerances();
-        prop_assert!(
-            r.accuracy.o_rel <= o_tol && r.accuracy.lse_abs <= lse_tol,
-            "{:?} for {:#?}", r.accuracy, case
-        );
-        if case.batch_invariant {
-            prop_assert_eq!(r.num_kv_splits, 1);
-        }
-        if let Some(n) = case.fixed_splits {
-            prop_assert_eq!(r.num_kv_splits, n);
-        }
-    }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
-
-    /// Each path this CPU has, forced, over the same grid. The AVX-512 BF16 path takes the
+    /// The CPU backend with its own pick of path, then each path this CPU has, forced: all
+    /// against the one reference of the drawn case. The AVX-512 BF16 path takes the
     /// configurations whose multiplied values are bf16 numbers and refuses the others with an
     /// error naming `cpu_kernel`.
     #[test]
-    fn every_cpu_path_matches_the_f64_reference(case in any_case()) {
-        for kernel in cpu_kernels() {
+    fn cpu_backend_and_every_path_match_the_f64_reference(case in any_case()) {
+        let drawn = Drawn::new(&case.spec, |_| {});
+        for kernel in std::iter::once(CpuKernel::Auto).chain(cpu_kernels()) {
             let case = Case { cpu_kernel: kernel, ..case.clone() };
             let bf16_values = case.spec.model_dtype == ModelDtype::Bf16 && !case.fp8_query;
             if kernel == CpuKernel::Avx512Bf16 && !bf16_values {
@@ -324,12 +313,18 @@ proptest! {
                 );
                 continue;
             }
-            let r = run_case(&case, Device::Cpu);
+            let r = drawn.run(&case, Device::Cpu, |_| {});
             let (o_tol, lse_tol) = case.tolerances();
             prop_assert!(
                 r.accuracy.o_rel <= o_tol && r.accuracy.lse_abs <= lse_tol,
                 "{:?} on {kernel} for {:#?}", r.accuracy, case
             );
+            if case.batch_invariant {
+                prop_assert_eq!(r.num_kv_splits, 1);
+            }
+            if let Some(n) = case.fixed_splits {
+                prop_assert_eq!(r.num_kv_splits, n);
+            }
         }
     }
 }

@@ -121,6 +121,29 @@ fn normals<T: Send + Copy + Default>(
     Ok(out)
 }
 
+/// q, `[rows, H, D]` drawn from N(0, 1) in the model dtype.
+fn draw_q(spec: &ProblemSpec) -> Result<HalfBuf> {
+    let n = [
+        spec.query_len,
+        spec.heads,
+        spec.kv_lora_rank + spec.rope_dim,
+    ]
+    .into_iter()
+    .try_fold(spec.seq_lens.len(), usize::checked_mul)
+    .ok_or_else(|| Error::Overflow {
+        what: "problem",
+        detail: format!(
+            "{} requests of {} query tokens",
+            spec.seq_lens.len(),
+            spec.query_len
+        ),
+    })?;
+    Ok(match spec.model_dtype {
+        ModelDtype::Bf16 => HalfBuf::Bf16(normals(n, 1.0, spec.seed, 1, bf16::from_f32)?),
+        ModelDtype::F16 => HalfBuf::F16(normals(n, 1.0, spec.seed, 1, f16::from_f32)?),
+    })
+}
+
 /// `n` default values, or [`Error::Alloc`] where the memory is not there (instead of an
 /// abort: a problem's size comes from its caller).
 fn alloc<T: Copy + Default>(n: usize) -> Result<Vec<T>> {
@@ -134,7 +157,7 @@ fn alloc<T: Copy + Default>(n: usize) -> Result<Vec<T>> {
 }
 
 /// Host storage in the model dtype (q, o), or of a 16-bit cache.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum HalfBuf {
     /// bf16 elements.
     Bf16(Vec<bf16>),
@@ -192,7 +215,7 @@ impl HalfBuf {
 }
 
 /// Host storage of a cache.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum CacheBuf {
     /// A bf16 or f16 cache.
     Half(HalfBuf),
@@ -250,9 +273,7 @@ impl Problem {
             ));
         }
         let mut rng = StdRng::seed_from_u64(spec.seed);
-        let d = spec.kv_lora_rank + spec.rope_dim;
         let requests = spec.seq_lens.len();
-        let rows = requests * spec.query_len;
         let max_len = spec.seq_lens.iter().copied().max().unwrap_or(0);
         if i32::try_from(max_len).is_err() {
             return Err(Error::config(
@@ -273,13 +294,8 @@ impl Problem {
         // Block ids are i32.
         i32::try_from(num_blocks).map_err(|_| overflow())?;
         let kv_len = num_blocks.checked_mul(page_stride).ok_or_else(overflow)?;
-        rows.checked_mul(spec.heads * d).ok_or_else(overflow)?;
 
-        let q_len = rows * spec.heads * d;
-        let q = match spec.model_dtype {
-            ModelDtype::Bf16 => HalfBuf::Bf16(normals(q_len, 1.0, spec.seed, 1, bf16::from_f32)?),
-            ModelDtype::F16 => HalfBuf::F16(normals(q_len, 1.0, spec.seed, 1, f16::from_f32)?),
-        };
+        let q = draw_q(spec)?;
         let sigma = 0.5 / spec.k_scale;
         let kv = match spec.kv_format {
             KvFormat::Bf16 => CacheBuf::Half(HalfBuf::Bf16(normals(
@@ -323,6 +339,32 @@ impl Problem {
             block_table,
             max_blocks,
             seq_lens: spec.seq_lens.iter().map(|&l| l as i32).collect(),
+        })
+    }
+
+    /// The same problem with another query length and mask: what [`Problem::generate`] gives
+    /// for the spec with those two changed, without drawing the cache again (neither changes
+    /// the cache or the block table; only q, drawn for the new rows).
+    ///
+    /// # Errors
+    /// As [`Problem::generate`].
+    pub fn with_queries(&self, query_len: usize, mask: Mask) -> Result<Problem> {
+        if query_len == 0 {
+            return Err(Error::config("problem", "query_len must be at least 1"));
+        }
+        let spec = ProblemSpec {
+            query_len,
+            mask,
+            ..self.spec.clone()
+        };
+        Ok(Problem {
+            q: draw_q(&spec)?,
+            spec,
+            kv: self.kv.clone(),
+            num_blocks: self.num_blocks,
+            block_table: self.block_table.clone(),
+            max_blocks: self.max_blocks,
+            seq_lens: self.seq_lens.clone(),
         })
     }
 
@@ -530,5 +572,41 @@ mod tests {
         spec.page_size = 1;
         let e = Problem::generate(&spec).unwrap_err();
         assert!(matches!(e, Error::Overflow { .. }), "{e}");
+    }
+
+    #[test]
+    fn with_queries_is_the_problem_generate_draws() {
+        let mut spec = ProblemSpec::new(3, vec![70, 0, 129]);
+        spec.page_size = 16;
+        spec.kv_format = KvFormat::Fp8E4m3;
+        spec.seed = 5;
+        let one = Problem::generate(&spec).unwrap();
+        for (query_len, mask) in [(3, Mask::NonCausal), (1, Mask::Causal), (4, Mask::Causal)] {
+            let want = Problem::generate(&ProblemSpec {
+                query_len,
+                mask,
+                ..spec.clone()
+            })
+            .unwrap();
+            let got = one.with_queries(query_len, mask).unwrap();
+            assert_eq!(got.spec, want.spec);
+            assert_eq!(got.q, want.q);
+            assert_eq!(got.kv, want.kv);
+            assert_eq!(
+                (
+                    got.num_blocks,
+                    &got.block_table,
+                    got.max_blocks,
+                    &got.seq_lens
+                ),
+                (
+                    want.num_blocks,
+                    &want.block_table,
+                    want.max_blocks,
+                    &want.seq_lens
+                )
+            );
+        }
+        assert!(one.with_queries(0, Mask::Causal).is_err());
     }
 }

@@ -7,10 +7,14 @@ pub mod dcp;
 pub mod gpu;
 pub mod nan;
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use mla::reference::{self, Accuracy, Reference};
 use mla::synth::{Outputs, Problem, ProblemSpec};
 use mla::{
     CpuKernel, DecodeInputs, Device, KvFormat, Mask, MlaConfig, MlaDecode, ModelDtype, Query,
+    ValidConfig,
 };
 
 /// `||o - ref|| / ||ref||` with a bf16 or f16 query.
@@ -206,30 +210,108 @@ pub fn run_case_with(
     configure: impl FnOnce(&mut MlaConfig),
     plant: impl FnOnce(&mut Problem),
 ) -> Checked {
-    let mut problem = Problem::generate(&case.spec).unwrap();
-    plant(&mut problem);
-    let mut cfg = case.config();
-    configure(&mut cfg);
-    let mut dec = MlaDecode::new(&cfg, device).expect("valid config");
-    let mut out = Outputs::poisoned(&problem);
-    let mut inputs = problem.inputs().expect("inputs");
-    if case.split_q {
-        inputs.q = problem.query_split().expect("split q");
+    Drawn::new(&case.spec, plant).run(case, device, configure)
+}
+
+/// What the f64 reference reads of a configuration besides the problem: heads, scale,
+/// widths, dtypes, window.
+type ReferenceSettings = (
+    usize,
+    f32,
+    usize,
+    usize,
+    ModelDtype,
+    KvFormat,
+    Option<usize>,
+);
+
+fn reference_settings(c: &ValidConfig) -> ReferenceSettings {
+    (
+        c.q_heads,
+        c.scale,
+        c.kv_lora_rank,
+        c.rope_dim,
+        c.model_dtype,
+        c.kv_format,
+        c.sliding_window,
+    )
+}
+
+/// A problem drawn once, and its f64 reference computed once for each setting it reads
+/// ([`ReferenceSettings`]): the decoder settings that change neither (the CPU path, the split
+/// count, the split rule's units) each cost [`run`](Self::run) a decode, not a draw of the
+/// problem and a reference again, which cost many times a decode.
+pub struct Drawn {
+    problem: Problem,
+    references: RefCell<Vec<(ReferenceSettings, Rc<Reference>)>>,
+}
+
+impl Drawn {
+    /// Draws `spec`'s problem, with values planted in it by `plant` (outlier keys).
+    pub fn new(spec: &ProblemSpec, plant: impl FnOnce(&mut Problem)) -> Drawn {
+        let mut problem = Problem::generate(spec).unwrap();
+        plant(&mut problem);
+        Drawn::of(problem)
     }
-    let plan = dec
-        .forward(&inputs, &mut out.views().unwrap())
-        .expect("forward");
-    let reference = reference::decode_f64(dec.config(), &inputs, None).expect("reference");
-    let o = out.o.to_f32();
-    let accuracy = reference.accuracy(&o, &out.lse);
-    let worst_head = worst_head(&reference, &o, &out.lse);
-    assert_heads_accurate(case, worst_head, "against the reference");
-    Checked {
-        accuracy,
-        worst_head,
-        num_kv_splits: plan.num_kv_splits,
-        split_keys: plan.split_keys(),
-        outputs: out,
+
+    /// A problem drawn already.
+    pub fn of(problem: Problem) -> Drawn {
+        Drawn {
+            problem,
+            references: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// The problem.
+    pub fn problem(&self) -> &Problem {
+        &self.problem
+    }
+
+    /// [`run_case_with`] on this problem (the case's spec must be the one drawn).
+    pub fn run(
+        &self,
+        case: &Case,
+        device: Device,
+        configure: impl FnOnce(&mut MlaConfig),
+    ) -> Checked {
+        assert_eq!(case.spec, self.problem.spec, "a case of another problem");
+        let problem = &self.problem;
+        let mut cfg = case.config();
+        configure(&mut cfg);
+        let mut dec = MlaDecode::new(&cfg, device).expect("valid config");
+        let mut out = Outputs::poisoned(problem);
+        let mut inputs = problem.inputs().expect("inputs");
+        if case.split_q {
+            inputs.q = problem.query_split().expect("split q");
+        }
+        let plan = dec
+            .forward(&inputs, &mut out.views().unwrap())
+            .expect("forward");
+        let reference = self.reference(dec.config(), &inputs);
+        let o = out.o.to_f32();
+        let accuracy = reference.accuracy(&o, &out.lse);
+        let worst_head = worst_head(&reference, &o, &out.lse);
+        assert_heads_accurate(case, worst_head, "against the reference");
+        Checked {
+            accuracy,
+            worst_head,
+            num_kv_splits: plan.num_kv_splits,
+            split_keys: plan.split_keys(),
+            outputs: out,
+        }
+    }
+
+    /// The reference under `cfg`'s settings: the one computed before for the same settings,
+    /// or computed now.
+    fn reference(&self, cfg: &ValidConfig, inputs: &DecodeInputs<'_>) -> Rc<Reference> {
+        let settings = reference_settings(cfg);
+        let mut references = self.references.borrow_mut();
+        if let Some((_, r)) = references.iter().find(|(s, _)| *s == settings) {
+            return Rc::clone(r);
+        }
+        let r = Rc::new(reference::decode_f64(cfg, inputs, None).expect("reference"));
+        references.push((settings, Rc::clone(&r)));
+        r
     }
 }
 
