@@ -84,7 +84,8 @@ fn multi_token_rows_of_few_heads_on_long_splits(t: &mut Tally) {
     // On Hopper the seesaw kernel's packed variant takes these (splits of at least 1024 keys,
     // tokens x heads in its 64 rows; 16 x 4 fills them): each token's split edges its own,
     // the edges inside a tile, the last row's tokens seeing one split or none.
-    // fp8 codes are rewritten as f16 in its shared memory, tile by tile.
+    // fp8 caches run it where it is forced (the packed wgmma kernel takes them as shipped),
+    // their codes rewritten as f16 in its shared memory, tile by tile.
     use KvFormat::{Bf16, F16, Fp8E4m3, Fp8E5m2};
     for (heads, q_len, model, kv, splits) in [
         (16, 2, ModelDtype::Bf16, Bf16, 2),

@@ -362,15 +362,28 @@ fn the_seesaw_kernel_takes_many_heads_on_long_splits_and_anything_forced_on_page
             assert_eq!(launch(&s, 128, 1, 64, long).family(), Seesaw);
         }
     }
-    // Its threshold at each head count, exactly, over either cache.
+    // Its threshold at each head count, exactly, over either cache (fp8 from 17 heads).
     for kv in [KvFormat::Bf16, KvFormat::Fp8E4m3] {
         for heads in [128, 64, 17, 16] {
             let s = set(heads, kv, true, KernelChoice::Auto);
             let keys = seesaw_min_split_keys(heads).unwrap();
-            assert_eq!(launch(&s, heads, 1, 64, keys).family(), Seesaw, "{kv:?}");
+            let want = kv == KvFormat::Bf16 || heads >= FP8_SEESAW_MIN_HEADS;
+            let at = launch(&s, heads, 1, 64, keys).family();
+            assert_eq!(at == Seesaw, want, "{heads} {kv:?}");
             assert_ne!(launch(&s, heads, 1, 64, keys - 1).family(), Seesaw);
         }
     }
+    assert_eq!(
+        launch(
+            &set(16, KvFormat::Fp8E4m3, true, KernelChoice::Auto),
+            16,
+            1,
+            64,
+            1 << 20
+        )
+        .family(),
+        Mma
+    );
     assert!(
         only(128, Seesaw)
             .variants()
@@ -411,13 +424,15 @@ fn the_seesaw_kernel_packs_few_head_tokens_on_long_splits_as_shipped() {
             (Wgmma, true, 4)
         );
     }
-    let s = set(16, KvFormat::F16, true, KernelChoice::Auto);
-    assert_eq!(s.packed_seesaw, None);
-    assert_eq!(launch(&s, 16, 4, 64, 100_000).family(), Wgmma);
-    // fp8 caches pack as the model dtype's do.
-    let s = set(16, KvFormat::Fp8E4m3, true, KernelChoice::Auto);
+    for kv in [KvFormat::F16, KvFormat::Fp8E4m3] {
+        let s = set(16, kv, true, KernelChoice::Auto);
+        assert_eq!(s.packed_seesaw, None, "{kv:?}");
+        assert_eq!(launch(&s, 16, 4, 64, 100_000).family(), Wgmma, "{kv:?}");
+    }
+    // fp8 packs into it where it is forced.
+    let s = set(16, KvFormat::Fp8E4m3, true, KernelChoice::Only(Seesaw));
     assert!(s.packed_seesaw.is_some_and(|v| v.fp8()));
-    assert_eq!(what(launch(&s, 16, 4, 64, 100_000)), (Seesaw, true, 4));
+    assert_eq!(what(launch(&s, 16, 4, 64, 1)), (Seesaw, true, 4));
     // Forced: any split; another family forced: never.
     assert_eq!(
         what(launch(&only(16, Seesaw), 16, 2, 64, 1)),
@@ -450,14 +465,15 @@ fn the_fp8_twin_takes_long_splits_as_shipped_and_every_decode_when_forced() {
             }
             // As shipped: from 17 heads, splits of at least 1024 keys, on the pages the seesaw
             // kernel does not tile (it takes the others: its fp8 path multiplies in f16 as the
-            // twin does, in its two-tile order); the packed kernels keep the tokens that pack
-            // (up to 32 heads), the packed seesaw kernel those on pages it tiles.
+            // twin does, in its two-tile order); the packed wgmma kernel keeps the tokens that
+            // pack (up to 32 heads).
             let s = with(17, KernelChoice::Auto);
             assert_eq!(launch(&s, 17, 1, 7, min).family(), WgmmaFp8);
             assert_eq!(launch(&s, 17, 1, 7, min - 1).family(), Wgmma);
             assert_eq!(launch(&s, 17, 1, 64, min).family(), Seesaw);
-            assert_eq!(what(launch(&s, 17, 3, 7, 4 * min)), (Wgmma, true, 3));
-            assert_eq!(what(launch(&s, 17, 3, 64, 4 * min)), (Seesaw, true, 3));
+            for page in [7, 64] {
+                assert_eq!(what(launch(&s, 17, 3, page, 4 * min)), (Wgmma, true, 3));
+            }
             for heads in [33, 64, 128] {
                 let s = with(heads, KernelChoice::Auto);
                 for (q, page) in [(1, 7), (1, 48), (3, 33)] {
@@ -612,7 +628,11 @@ fn batch_invariant_picks_depend_on_the_decoder_and_the_call_shape_alone() {
             ctas: 1,
             scheduled: false,
         });
-        assert_eq!(p.family(), Seesaw, "{heads} {kv:?}");
+        let want = match (heads, kv) {
+            (16, KvFormat::Fp8E4m3) => Mma,
+            _ => Seesaw,
+        };
+        assert_eq!(p.family(), want, "{heads} {kv:?}");
     }
 }
 
