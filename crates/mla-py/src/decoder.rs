@@ -128,8 +128,9 @@ impl PyMlaDecode {
             && at != dec.location()
         {
             return Err(value_error(format!(
-                "{arg}: expected a tensor on {} (where this decoder runs), got one on {at}",
-                dec.location()
+                "{arg}: expected a tensor on {} (where this decoder runs), got one on {}",
+                torch_device(dec.location()),
+                torch_device(at)
             )));
         }
         Ok(dec)
@@ -490,4 +491,13 @@ fn check_no_overlap(out: &TorchTensor, name: &str, others: &[TorchTensor]) -> Py
         }
     }
     Ok(())
+}
+
+/// A location as torch names the device (`cpu`, `cuda:0`): what a Python caller compares with
+/// `tensor.device`.
+fn torch_device(at: Location) -> String {
+    match at {
+        Location::Host => "cpu".to_string(),
+        Location::Cuda(i) => format!("cuda:{i}"),
+    }
 }

@@ -22,6 +22,7 @@ fn contract(kernels: Kernels) {
     head_counts_and_page_sizes(&mut t);
     multi_token_rows_causal_and_not(&mut t);
     multi_token_rows_of_few_heads_on_long_splits(&mut t);
+    many_heads_over_fp8_caches_on_long_splits(&mut t);
     sliding_windows(&mut t);
     few_heads_on_every_page_size_the_narrow_kernel_tiles(&mut t);
     split_query_and_padded_strides(&mut t);
@@ -83,7 +84,9 @@ fn multi_token_rows_of_few_heads_on_long_splits(t: &mut Tally) {
     // On Hopper the seesaw kernel's packed variant takes these (splits of at least 1024 keys,
     // tokens x heads in its 64 rows; 16 x 4 fills them): each token's split edges its own,
     // the edges inside a tile, the last row's tokens seeing one split or none.
-    use KvFormat::{Bf16, F16};
+    // fp8 caches run it where it is forced (the packed wgmma kernel takes them as shipped),
+    // their codes rewritten as f16 in its shared memory, tile by tile.
+    use KvFormat::{Bf16, F16, Fp8E4m3, Fp8E5m2};
     for (heads, q_len, model, kv, splits) in [
         (16, 2, ModelDtype::Bf16, Bf16, 2),
         (16, 4, ModelDtype::F16, F16, 3),
@@ -91,8 +94,32 @@ fn multi_token_rows_of_few_heads_on_long_splits(t: &mut Tally) {
         (20, 3, ModelDtype::Bf16, Bf16, 2),
         (8, 4, ModelDtype::Bf16, Bf16, 2),
         (4, 16, ModelDtype::F16, F16, 1),
+        (16, 4, ModelDtype::Bf16, Fp8E4m3, 3),
+        (20, 3, ModelDtype::F16, Fp8E5m2, 2),
     ] {
-        let s = spec(heads, 64, &[5003, 4097, 2900, 2], q_len, Mask::Causal).with_format(model, kv);
+        let mut s =
+            spec(heads, 64, &[5003, 4097, 2900, 2], q_len, Mask::Causal).with_format(model, kv);
+        if kv.is_fp8() {
+            s.k_scale = 0.25;
+        }
+        let mut case = Case::new(s);
+        case.fixed_splits = Some(splits);
+        t.check(&case);
+    }
+}
+
+fn many_heads_over_fp8_caches_on_long_splits(t: &mut Tally) {
+    // On Hopper the seesaw kernel takes these as shipped (512 keys a split and more above 64
+    // heads, 1024 from 17): its fp8 codes rewritten as f16 chunk by chunk, k_scale on the
+    // scores and the output; pages of 32 keys (two boxes a tile), split edges inside tiles,
+    // an empty row and a row of two keys.
+    for (heads, model, kv, splits) in [
+        (128, ModelDtype::Bf16, KvFormat::Fp8E4m3, 2),
+        (64, ModelDtype::F16, KvFormat::Fp8E4m3, 1),
+        (128, ModelDtype::Bf16, KvFormat::Fp8E5m2, 3),
+    ] {
+        let mut s = spec(heads, 32, &[5003, 2, 0, 2900], 1, Mask::Causal).with_format(model, kv);
+        s.k_scale = 0.25;
         let mut case = Case::new(s);
         case.fixed_splits = Some(splits);
         t.check(&case);

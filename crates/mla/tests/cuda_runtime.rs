@@ -256,8 +256,9 @@ fn warmup_builds_what_each_decode_runs(t: &mut Tally) {
     // for every kernel setting alike. 40 requests of 1100 keys at 128 heads: one split each,
     // long enough for the seesaw kernel; 128 requests of 1024 keys at 16 heads: single tokens
     // whose grid the narrow kernel fills; 66 requests of 2100 keys: the packed seesaw kernel
-    // at 16 heads x 2 tokens (two splits of 1050 keys) and the fp8 twin at 128 heads (one
-    // split each); two short requests: the wgmma kernel and, packed, its packed variant.
+    // at 16 heads x 2 tokens (two splits of 1050 keys) and at 128 heads the seesaw kernel over
+    // an fp8 cache (one split each), on pages of 48 keys (which the seesaw kernel does not
+    // tile) the fp8 twin; two short requests: the wgmma kernel and, packed, its packed variant.
     use KernelFamily::{Mma, Narrow, Seesaw, Wgmma, WgmmaFp8};
     let two = [1000, 37];
     let forty = [1100; 40];
@@ -321,7 +322,7 @@ fn warmup_builds_what_each_decode_runs(t: &mut Tally) {
             CacheDtype::Fp8E4m3,
             1,
             &long[..],
-            Some(WgmmaFp8),
+            Some(Seesaw),
         ),
         (
             64,
@@ -357,6 +358,14 @@ fn warmup_builds_what_each_decode_runs(t: &mut Tally) {
             t.assert_there_for(&run, family, &what);
         }
     }
+    let mut s = spec(128, 48, &long, 1, Mask::Causal);
+    s.kv_format = KvFormat::Fp8E4m3;
+    let run = warm_then_check(t, &Case::new(s), CacheDtype::Fp8E4m3);
+    t.assert_there_for(
+        &run,
+        WgmmaFp8,
+        "128 heads x 66 requests, fp8, pages of 48 keys",
+    );
 }
 
 fn the_fp8_query_mode_takes_the_fp8_twin_on_long_splits(t: &mut Tally) {

@@ -54,6 +54,20 @@ fn every_kernel_path(t: &mut Tally) {
     let mut wide = Case::new(spec(128, 32, &[3000, 5, 0, 1500, 700], 1, Mask::Causal));
     wide.window = Some(2000);
     cases.push(wide);
+    // The same over fp8 caches (the codes rewritten as f16 in shared memory, each chunk
+    // between two barriers of its warpgroup), and packed over an e5m2 cache under an f16 model.
+    let mut s = spec(128, 32, &[3000, 5, 0, 1500, 700], 1, Mask::Causal)
+        .with_format(ModelDtype::Bf16, KvFormat::Fp8E4m3);
+    s.k_scale = 0.25;
+    let mut wide_fp8 = Case::new(s);
+    wide_fp8.window = Some(2000);
+    cases.push(wide_fp8);
+    let mut s = spec(16, 32, &[4500, 2, 2900], 3, Mask::Causal)
+        .with_format(ModelDtype::F16, KvFormat::Fp8E5m2);
+    s.k_scale = 0.5;
+    let mut packed_fp8 = Case::new(s);
+    packed_fp8.fixed_splits = Some(2);
+    cases.push(packed_fp8);
     let mut single = Case::new(spec(64, 64, &[100, 0], 1, Mask::Causal));
     single.batch_invariant = true;
     cases.push(single);

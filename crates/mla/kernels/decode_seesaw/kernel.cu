@@ -46,13 +46,23 @@
  * block id are never read (block coordinate -1, which the TMA unit fills with zeros; a bad id
  * raises the error flag).
  *
+ * fp8 caches (MLA_KV 2, 3): each chunk's codes land by TMA, unswizzled, in the upper half of
+ * the chunk's place, and the warpgroup whose scores wait for the chunk rewrites it there as
+ * the f16 of its codes in the 128-byte swizzle (every code read, a barrier, every f16
+ * written), the tile then multiplied as a cache in the model dtype: the same two-tile order
+ * and the same tensor-core work as a 16-bit cache, for half its bytes. The products run in
+ * f16, as the other kernels' fp8 paths do (common/fp8.cuh, "Products in f16"): q rewritten
+ * once as f16 times a power of two, P rounded to f16, k_scale on the scores and the output.
+ *
  * Registers are what the design is held to: the outputs take 128 a thread, a tile's scores
  * 32. Shared memory is reached through 32-bit addresses from a base made opaque every step
  * (else the compiler keeps dozens of 64-bit addresses live across the loop and spills).
  *
  * Compile-time configuration (-D):
  *   MLA_L, MLA_R  latent and rotary widths (L = 512, R = 64: 8 value chunks and one rotary)
- *   MLA_BF16      1: the model dtype (q, cache, P, o) is bf16, 0: f16
+ *   MLA_BF16      1: the model dtype (q, P, o) is bf16, 0: f16
+ *   MLA_KV        0: the cache in the model dtype (the keys land as the products read them);
+ *                 2: fp8 e4m3, 3: fp8 e5m2 (see "fp8 caches" below)
  *   MLA_PACK      1: the CTA's rows are `tokens_per_cta` query tokens x heads of one request
  *                 (multi-token decodes of few heads: one read of the keys for every token),
  *                 each row masked to its own token's keys, which shared memory holds for the
@@ -61,6 +71,7 @@
  *                 blocks); each persistent CTA walks the device schedule's pieces
  *                 (common/schedule.cuh), the mbarriers set up again after each piece
  */
+#include "common/fp8.cuh"
 #include "common/keys.cuh"
 #include "common/ptx.cuh"
 #include "common/rows.cuh"
@@ -72,6 +83,10 @@
 namespace {
 
 constexpr bool BF16 = MLA_BF16 != 0;
+constexpr int KV = MLA_KV;
+constexpr bool FP8 = KV >= 2;
+// The products' 16-bit type: the model dtype, or f16 for fp8 codes (exact for every code).
+constexpr bool MMA_BF16 = BF16 && !FP8;
 constexpr bool PACK = MLA_PACK != 0;
 constexpr int L = MLA_L;
 constexpr int D = L + MLA_R;
@@ -93,6 +108,11 @@ constexpr float LN2 = 0.69314718055994530942f;
 
 static_assert(L == 512 && D == L + 64, "L = 512 and one rotary chunk (R = 64)");
 static_assert(CHUNKS == 2 * HALF + 1, "value chunks split between the warpgroups, then the rotary one");
+static_assert(KV == 0 || FP8, "a cache in the model dtype or fp8");
+// fp8: a chunk's codes land in the upper half of its place, 64 bytes a key, unswizzled.
+constexpr int CODES_AT = FP8 ? CHUNK_BYTES / 2 : 0;
+constexpr int LANDED_BYTES = FP8 ? CHUNK_BYTES / 2 : CHUNK_BYTES;  // a chunk's copied bytes
+constexpr int BOX_ROW_BYTES = FP8 ? 64 : 128;                      // a key's bytes in a box
 static_assert(!(MLA_SCHED && PACK), "the schedule's jobs are single tokens (and range() and piece() share a place)");
 
 /// The CTA's shared memory as 32-bit shared addresses.
@@ -106,6 +126,8 @@ struct Smem {
     __device__ u32 scale0(int r) const { return max(M + r); }                 // 2^(m - m0)
     __device__ u32 scale1(int r) const { return max(2 * M + r); }             // 2^(m0 - m1)
     __device__ u32 sums(int wg, int r) const { return max((3 + wg) * M + r); }
+    /// fp8: the scores' scale, in the row sums' place until the epilogue.
+    __device__ u32 scale_at() const { return sums(1, 0); }
     __device__ u32 bar(int st, int c) const { return max(5 * M) + 8 * (st * CHUNKS + c); }
     /// Hand-over k's mbarrier (1 .. 4: see the file's note; 128 arrivals a phase).
     __device__ u32 hand(int k) const { return bar(2, k - 1); }
@@ -204,26 +226,53 @@ __device__ __forceinline__ void issue(const DecodeParams& p, const TensorMap* ma
     const int block = box.block(p);
     if (lane == 0) {
 #pragma unroll
-        for (int c = C0; c < C1 + (ROT ? 1 : 0); ++c) mbar_expect_bytes(sm.bar(st, c < C1 ? c : ROTARY), CHUNK_BYTES);
+        for (int c = C0; c < C1 + (ROT ? 1 : 0); ++c) mbar_expect_bytes(sm.bar(st, c < C1 ? c : ROTARY), LANDED_BYTES);
     }
     __syncwarp();
     if (lane < boxes.count) {
 #pragma unroll
         for (int c = C0; c < C1 + (ROT ? 1 : 0); ++c) {
             const int chunk = c < C1 ? c : ROTARY;
-            tma_load_3d(sm.k(st) + chunk * CHUNK_BYTES + lane * boxes.box * 128, map, sm.bar(st, chunk),
+            tma_load_3d(sm.k(st) + chunk * CHUNK_BYTES + CODES_AT + lane * boxes.box * BOX_ROW_BYTES, map,
+                        sm.bar(st, chunk),
                         chunk * 64, box.slot, block);
         }
     }
 }
 
+/// fp8: the chunk at `chunk` (its codes landed at CODES_AT, 64 bytes a key) rewritten in place
+/// as the f16 of its codes, in the 128-byte swizzle, by the 128 threads of warpgroup `wg`
+/// (`wt`: this one's index), fenced for wgmma. Thread wt takes 16-byte pieces wt and wt + 128
+/// of the codes (key i / 4, codes 16 (i % 4) ..), each two pieces of f16; every code is read
+/// before a barrier, every f16 written after it (the f16 of a key covers other keys' codes),
+/// and a second barrier publishes them.
+__device__ __forceinline__ void codes_to_f16(u32 chunk, int wg, int wt) {
+    u32x4 in[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) in[h] = ld_shared_u32x4(chunk + CODES_AT + 16 * (wt + 128 * h));
+    named_barrier(1 + wg, 128);
+    // Key wt / 4 + 32 h swizzles as key wt / 4 (32 rows on), and piece g + 1 (g even) sits at
+    // piece g's place with bit 4 flipped (the chunk is 1024-byte aligned).
+    const u32 at = chunk + swizzled<BN>(wt / 4, 2 * (wt % 4));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        st_shared_u32x4(at + h * 32 * 128, fp8x8_to_f16<KV>(u32x2{in[h].x, in[h].y}));
+        st_shared_u32x4((at ^ 16u) + h * 32 * 128, fp8x8_to_f16<KV>(u32x2{in[h].z, in[h].w}));
+    }
+    fence_proxy_async();
+    named_barrier(1 + wg, 128);
+}
+
 /// S = Q K^T over chunks [C0, C1) of stage `st` (added to S with ADD, else S starts at C0),
-/// each as its copies land (`parity`: the stage's use count % 2), in the caller's commit group.
+/// each as its copies land (`parity`: the stage's use count % 2), in the caller's commit group;
+/// fp8 codes rewritten as f16 first, by the calling warpgroup `wg` (`wt`: the thread's index
+/// in it).
 template <int C0, int C1, bool ADD>
-__device__ __forceinline__ void scores(float (&s)[32], const Smem& sm, int st, u32 parity) {
+__device__ __forceinline__ void scores(float (&s)[32], const Smem& sm, int st, u32 parity, int wg, int wt) {
 #pragma unroll
     for (int c = C0; c < C1; ++c) {
         mbar_wait(sm.bar(st, c), parity);
+        if (FP8) codes_to_f16(sm.k(st) + c * CHUNK_BYTES, wg, wt);
         // After the (divergent) wait, a fence of our own: else ptxas inserts one where it
         // serializes every wgmma.
         wgmma_fence();
@@ -231,7 +280,7 @@ __device__ __forceinline__ void scores(float (&s)[32], const Smem& sm, int st, u
         const u64 kd = opaque(smem_desc(sm.k(st) + c * CHUNK_BYTES, 16, 1024));
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-            wgmma_m64n64k16_ss<BF16>(s, desc_at(qd, 32 * kk), desc_at(kd, 32 * kk), ADD || c > C0 || kk > 0);
+            wgmma_m64n64k16_ss<MMA_BF16>(s, desc_at(qd, 32 * kk), desc_at(kd, 32 * kk), ADD || c > C0 || kk > 0);
         }
     }
 }
@@ -243,7 +292,7 @@ __device__ __forceinline__ void pv(float (&o)[COLS / 2], u32 p, u32 v) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-        wgmma_m64n256k16_ss<BF16>(o, desc_at(pd, 32 * kk), desc_at(vd, kk * 2048), 1);
+        wgmma_m64n256k16_ss<MMA_BF16>(o, desc_at(pd, 32 * kk), desc_at(vd, kk * 2048), 1);
     }
     wgmma_commit();
 }
@@ -256,7 +305,7 @@ __device__ __forceinline__ void pv_own(float (&o)[COLS / 2], const u32 (&pb)[16]
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
         const u32 a[4] = {pb[4 * kk], pb[4 * kk + 1], pb[4 * kk + 2], pb[4 * kk + 3]};
-        wgmma_m64n256k16_rs<BF16>(o, a, desc_at(vd, kk * 2048), 1);
+        wgmma_m64n256k16_rs<MMA_BF16>(o, a, desc_at(vd, kk * 2048), 1);
     }
     wgmma_commit();
 }
@@ -372,7 +421,7 @@ __device__ __forceinline__ void exponentiate_of(const Seen& seen, const float (&
             const float p0 = p_of(8 * kk + 2 * i, h);
             const float p1 = p_of(8 * kk + 2 * i + 1, h);
             l[h] += p0 + p1;
-            pb[4 * kk + i] = pack2<BF16>(p0, p1);
+            pb[4 * kk + i] = pack2<MMA_BF16>(p0, p1);
         }
     }
 }
@@ -394,7 +443,8 @@ __device__ __forceinline__ void rescale_p(u32 (&pb)[16], float a, float b) {
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
             const float f = i % 2 == 0 ? a : b;
-            pb[i] = pack2<BF16>(half_to_float<BF16>(pb[i] & 0xffffu) * f, half_to_float<BF16>(pb[i] >> 16) * f);
+            pb[i] = pack2<MMA_BF16>(half_to_float<MMA_BF16>(pb[i] & 0xffffu) * f,
+                                    half_to_float<MMA_BF16>(pb[i] >> 16) * f);
         }
     }
 }
@@ -430,10 +480,16 @@ __device__ __forceinline__ void zero_outside(u32 tile, int c0, int first, const 
     fence_proxy_async();
 }
 
+extern __shared__ __align__(1024) unsigned char smem_raw[];
+
 /// The CTA's shared memory, aligned for the 128-byte swizzle.
 __device__ __forceinline__ Smem shared_layout() {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
     return Smem{(smem_addr(smem_raw) + ALIGN - 1) & ~(u32)(ALIGN - 1)};
+}
+
+/// A generic pointer to the shared-memory byte at `at` (for the helpers that take one).
+__device__ __forceinline__ unsigned char* generic_of(u32 at) {
+    return smem_raw + (at - smem_addr(smem_raw));
 }
 
 /// The mbarriers set up (by one thread; a barrier publishes them): a chunk's of each stage
@@ -494,7 +550,18 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
         }
     }
     cp_async_wait_group<0>();
-    fence_proxy_async();  // q's copies, for wgmma
+    // fp8: the scores' scale, base 2, takes k_scale, and a bf16 q's power of two (q rewritten
+    // as f16); kept in shared memory (scale_at) for the loop.
+    if constexpr (FP8) {
+        float sc = p.scale_log2 * read_k_scale(p, tid == 0 && pc.job == 0 && pc.split == 0);
+        if constexpr (BF16) {
+            __syncthreads();  // every thread's share of q landed
+            sc *= q_to_f16<THREADS>(generic_of(sm0.q()), M * (D / 8), [](int i) { return i * 16; },
+                                    (u32*)generic_of(sm0.sums(0, 0)));
+        }
+        if (tid == 0) st_shared_f32(sm0.scale_at(), sc);
+    }
+    fence_proxy_async();  // q's copies (or its rewrite), for wgmma
     if (wg == 0 && lane % 4 == 0) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -518,7 +585,6 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
     }
     __syncthreads();
 
-    const float sc = p.scale_log2;
     float o[COLS / 2];  // this warpgroup's 64 x 256 outputs, relative to the running max
 #pragma unroll
     for (int i = 0; i < COLS / 2; ++i) o[i] = 0.0f;
@@ -526,13 +592,16 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
     float s[32];                // the scores of this warpgroup's tile of the step
     // Each warpgroup's first scores: tile 0 (warpgroup 0), tile 1 (warpgroup 1).
     if (wg == 0 || tiles > 1) {
-        scores<0, CHUNKS, false>(s, sm0, wg, 0);
+        scores<0, CHUNKS, false>(s, sm0, wg, 0, wg, wt);
         wgmma_commit();
         wgmma_wait<0>();
     }
 
     for (int t0 = 0, step = 0; t0 < tiles; t0 += 2, ++step) {
         const Smem sm = sm0.fresh();
+        // The scores' scale, read where it is used (fp8: from shared memory; no register is
+        // left to keep it across the step).
+        const auto sc = [&] { return FP8 ? ld_shared_f32(sm.scale_at()) : p.scale_log2; };
         const bool has1 = t0 + 1 < tiles, more = t0 + 2 < tiles, more1 = t0 + 3 < tiles;
         const int first = first0 + t0 * BN;  // tile t0's first key; tile t1's is first + BN
         // Tiles inside the keys every row sees (unpacked, the CTA's keys, and tile t1 starts
@@ -552,13 +621,13 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
         u32 pb[16];  // this warpgroup's P of the step, wgmma's A fragment
         if (wg == 0) {
             float m[2] = {ld_shared_f32(sm.max(r0)), ld_shared_f32(sm.max(r0 + 8))}, a[2];
-            next_max(s, m, a, first, in0, keys, sm, r0, sc, lane);
+            next_max(s, m, a, first, in0, keys, sm, r0, sc(), lane);
             publish_max(sm, 0, m, a, r0, lane);
             mbar_arrive(sm.hand(1));  // m0, 2^(m - m0): warpgroup 1's softmax starts meanwhile
             rescale(o, a[0], a[1]);
             l[0] *= a[0];
             l[1] *= a[1];
-            exponentiate(s, sc, m, l, pb, first, in0, keys, sm, r0, lane);
+            exponentiate(s, sc(), m, l, pb, first, in0, keys, sm, r0, lane);
             if (!in0) {
                 zero_outside(sm.k(0), 0, first, keys, wt);
                 named_barrier(1, 128);  // this warpgroup's zeros, for its own products
@@ -593,12 +662,12 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
                 if (more) {
                     // The scores over K0's first half (copied again long ago) right behind P1
                     // V10, so that the tensor cores do not drain between them.
-                    scores<0, HALF, false>(s, sm, 0, parity ^ 1);
+                    scores<0, HALF, false>(s, sm, 0, parity ^ 1, wg, wt);
                     wgmma_commit();
                     wgmma_wait<1>();
                     // K1's first half is read (S1, P1 V10): tile t1 + 2's copies.
                     if (issuer && more1) issue<0, HALF, false>(p, map, sm, 1, boxes, box[1], lane);
-                    scores<HALF, CHUNKS, true>(s, sm, 0, parity ^ 1);
+                    scores<HALF, CHUNKS, true>(s, sm, 0, parity ^ 1, wg, wt);
                     wgmma_commit();
                 }
                 wgmma_wait<0>();
@@ -612,7 +681,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
             if (has1) {
                 // The softmax of tile t1, relative to m1 = max(m0, its scores).
                 float b[2];
-                next_max(s, m, b, first + BN, in1, keys, sm, r0, sc, lane);
+                next_max(s, m, b, first + BN, in1, keys, sm, r0, sc(), lane);
                 publish_max(sm, 1, m, b, r0, lane);
                 mbar_arrive(sm.hand(2));  // m1, 2^(m0 - m1): warpgroup 0 rescales P0 meanwhile
 #pragma unroll
@@ -620,7 +689,7 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
                     a[h] *= b[h];
                     l[h] *= a[h];
                 }
-                exponentiate(s, sc, m, l, pb, first + BN, in1, keys, sm, r0, lane);
+                exponentiate(s, sc(), m, l, pb, first + BN, in1, keys, sm, r0, lane);
                 store_p(pb, sm.p(1), r0, lane);  // for warpgroup 0's product
                 rescale(o, a[0], a[1]);
                 if (!in1) {
@@ -655,9 +724,9 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
             if (more1) {
                 // K1's second half first: warpgroup 0 copies its first half only once P1 V10 is
                 // done (its first chunk in a call of its own).
-                scores<HALF, HALF + 1, false>(s, sm, 1, parity ^ 1);
-                scores<HALF + 1, CHUNKS, true>(s, sm, 1, parity ^ 1);
-                scores<0, HALF, true>(s, sm, 1, parity ^ 1);
+                scores<HALF, HALF + 1, false>(s, sm, 1, parity ^ 1, wg, wt);
+                scores<HALF + 1, CHUNKS, true>(s, sm, 1, parity ^ 1, wg, wt);
+                scores<0, HALF, true>(s, sm, 1, parity ^ 1, wg, wt);
                 wgmma_commit();
                 wgmma_wait<0>();
             }
@@ -692,7 +761,8 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
     for (int h = 0; h < 2; ++h) {
         const int r = r0 + 8 * h;
         const float sum = ld_shared_f32(sm.sums(0, r)) + ld_shared_f32(sm.sums(1, r));
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        // fp8: k_scale is V's too (read again: no register is left to keep it).
+        const float inv = sum > 0.0f ? (FP8 ? read_k_scale(p, false) : 1.0f) / sum : 0.0f;
         out.put<COLS / 8>(r, [&](int j) { return wg * COLS + 2 * (lane % 4) + 8 * j; },
                           [&](int j, int e) { return o[4 * j + 2 * h + e] * inv; });
         // A packed row with no key in the split (sum 0, max -inf): o = 0 and lse = -inf.

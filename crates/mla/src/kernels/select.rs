@@ -143,11 +143,12 @@ pub(crate) fn narrow_variant(shape: KernelShape, smem_limit: usize) -> Option<Va
 }
 
 /// The seesaw kernel (sm_90a): a cache in the model dtype (the keys land by TMA as the products
-/// read them), a 16-bit query, L = 512 and R = 64 (eight value chunks split between the
-/// warpgroups, and one rotary chunk, where P0 goes once the scores have read it).
+/// read them) or fp8 (the codes land beside and are rewritten as f16 in place), a 16-bit
+/// query, L = 512 and R = 64 (eight value chunks split between the warpgroups, and one rotary
+/// chunk, where P0 goes once the scores have read it).
 pub(crate) fn seesaw_variant(shape: KernelShape, smem_limit: usize) -> Option<Variant> {
     let v = shape.variant(Family::DecodeSeesaw, WGMMA_ROWS / 16, 2);
-    let applies = v.cache == CacheCode::Model
+    let applies = v.cache != CacheCode::OtherHalf
         && shape.query == QueryMode::Model
         && shape.kv_lora_rank == 512
         && shape.rope_dim == 64
@@ -254,6 +255,7 @@ pub(crate) fn all_variants(smem_limit: usize, hopper: bool) -> Vec<Variant> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::variant::TmaBox;
 
     fn bf16(kv: KvFormat) -> KernelShape {
         KernelShape::deepseek(ModelDtype::Bf16, kv)
@@ -305,7 +307,8 @@ mod tests {
                 .filter(|v| v.family == Family::DecodeSeesaw)
                 .count()
         };
-        assert_eq!((seesaw(true), seesaw(false)), (6, 0));
+        // Two model dtypes x (the model's cache, e4m3, e5m2) x (split grid, scheduled, packed).
+        assert_eq!((seesaw(true), seesaw(false)), (18, 0));
     }
 
     #[test]
@@ -388,9 +391,22 @@ mod tests {
         };
         assert!(seesaw_variant(r128, 232_448).is_none());
         assert!(seesaw_variant(f16, 232_448).is_some_and(|v| v.model == ModelDtype::F16));
-        for kv in [KvFormat::F16, KvFormat::Fp8E4m3] {
-            assert!(seesaw_variant(bf16(kv), 232_448).is_none(), "{kv:?}");
+        // The other 16-bit type is refused; fp8 codes are rewritten as f16, and the fp8-query
+        // mode stays with the fp8 twin.
+        assert!(seesaw_variant(bf16(KvFormat::F16), 232_448).is_none());
+        for kv in [KvFormat::Fp8E4m3, KvFormat::Fp8E5m2] {
+            let v = seesaw_variant(bf16(kv), 232_448);
+            assert!(
+                v.is_some_and(|v| v.fp8() && v.tma_box() == TmaBox::Codes64),
+                "{kv:?}"
+            );
+            assert!(
+                seesaw_variant(bf16(kv).fp8_query(), 232_448).is_none(),
+                "{kv:?}"
+            );
         }
+        let bf16_seesaw = seesaw_variant(bf16(KvFormat::Bf16), 232_448);
+        assert_eq!(bf16_seesaw.map(|v| v.tma_box()), Some(TmaBox::Swizzled128));
         assert_eq!(wgmma_fp8_variant(bf16(KvFormat::Bf16), 232_448), None);
         let r32 = KernelShape {
             rope_dim: 32,

@@ -87,6 +87,15 @@ pub(crate) enum QueryMode {
     Fp8,
 }
 
+/// How a TMA kernel's copies land a chunk of a key ([`Variant::tma_box`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum TmaBox {
+    /// 128 bytes a key (64 16-bit elements or 128 fp8 codes), in the 128-byte swizzle.
+    Swizzled128,
+    /// 64 fp8 codes a key, unswizzled.
+    Codes64,
+}
+
 /// One compiled kernel: the family and its specialization.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Variant {
@@ -138,8 +147,7 @@ impl Variant {
                 format!("-DMLA_N={}", 16 * self.row_warps),
                 format!("-DMLA_SLOTS={}", self.stages),
             ]),
-            // A cache in the model dtype only.
-            Family::DecodeSeesaw => d.extend([r, pack]),
+            Family::DecodeSeesaw => d.extend([r, kv, pack]),
             Family::DecodeWgmmaFp8 => {
                 d.extend([r, kv, format!("-DMLA_STAGES={}", self.stages)]);
             }
@@ -219,6 +227,18 @@ impl Variant {
     /// keys by TMA).
     pub(crate) fn takes_tensor_map(&self) -> bool {
         matches!(self.family, Family::DecodeNarrow | Family::DecodeSeesaw)
+    }
+
+    /// How the TMA kernels' copies land a key's chunk: 128 bytes in the 128-byte swizzle (64
+    /// 16-bit elements, the wgmma operand; or 128 fp8 codes, the narrow kernel's fp8 operand),
+    /// or, for the seesaw kernel's fp8 codes, 64 codes unswizzled, which the kernel rewrites
+    /// as f16 in the swizzle.
+    pub(crate) fn tma_box(&self) -> TmaBox {
+        if self.family == Family::DecodeSeesaw && self.fp8() {
+            TmaBox::Codes64
+        } else {
+            TmaBox::Swizzled128
+        }
     }
 
     /// Threads per CTA.

@@ -48,6 +48,14 @@ pub fn seesaw_min_split_keys(rows: usize) -> Option<usize> {
     }
 }
 
+/// The fewest heads for the seesaw kernel to take single tokens over an fp8 cache as shipped.
+/// From 17 its codes rewritten as f16 in shared memory and its two-tile order beat the fp8
+/// twin by 1.15x to 1.31x at 128 heads on every case of the side-by-side grid (8 x 128 x 4096:
+/// 53.3 to 40.5 us, 64 x 128 x 8192: 418.4 to 343.7); at 16 heads, where the mma kernel runs
+/// otherwise, it is 1.10x to 1.17x slower (64 x 16 x 8192: 182.1 against 157.7; H100,
+/// 2026-12-06).
+pub const FP8_SEESAW_MIN_HEADS: usize = WGMMA_MIN_ROWS;
+
 /// Keys a split must hold for the fp8 twin to take a decode under a 16-bit query: from 1024 it
 /// is 1.06x to 1.28x faster than the wgmma kernel's fp8 path at 128 heads, at 512 and below
 /// slower (0.72x to 0.95x: its start rewrites q twice; H200, 2026-12-02).
@@ -281,11 +289,13 @@ impl KernelSet {
             .then(|| hopper(wgmma_variant))
             .flatten()
             .map(Variant::packed);
-        let packed_seesaw = (packed.is_some() && (auto || forced(KernelFamily::Seesaw)))
-            .then(|| hopper(seesaw_variant))
-            .flatten()
-            .map(Variant::packed)
-            .filter(|v| v.smem_bytes() <= limit);
+        // fp8 packed rows stay on the packed wgmma kernel as shipped (not measured against it).
+        let packed_seesaw = (packed.is_some()
+            && ((auto && !shape.kv.is_fp8()) || forced(KernelFamily::Seesaw)))
+        .then(|| hopper(seesaw_variant))
+        .flatten()
+        .map(Variant::packed)
+        .filter(|v| v.smem_bytes() <= limit);
         // The narrow kernel: multi-token rows of up to 8 heads (16 forced); as shipped also
         // 16-head single tokens over a cache in the model dtype.
         let narrow_heads = match choice {
@@ -297,9 +307,12 @@ impl KernelSet {
         let narrow = (heads <= narrow_heads || singles)
             .then(|| hopper(narrow_variant))
             .flatten();
-        // The seesaw kernel from 16 heads as shipped, every head count forced.
-        let seesaw_heads =
-            forced(KernelFamily::Seesaw) || (auto && seesaw_min_split_keys(heads).is_some());
+        // The seesaw kernel from 16 heads as shipped (from 17 over an fp8 cache), every head
+        // count forced.
+        let seesaw_heads = forced(KernelFamily::Seesaw)
+            || (auto
+                && seesaw_min_split_keys(heads).is_some()
+                && (!shape.kv.is_fp8() || heads >= FP8_SEESAW_MIN_HEADS));
         let seesaw = seesaw_heads.then(|| hopper(seesaw_variant)).flatten();
         // The fp8 twin where the decoder's own kernel is the wgmma kernel.
         let twin_choice = auto || forced(KernelFamily::WgmmaFp8);

@@ -165,9 +165,9 @@ unsafe impl KernelParams for TmaScheduleParams {}
 
 /// A 3-D tensor in global memory as the TMA unit reads it: `dims` (innermost first) with
 /// `strides` in bytes for dims 1 and 2 (multiples of 16), copied in boxes of `boxes`
-/// elements. Both land with the 128-byte swizzle (the innermost box is 128 bytes, 64 16-bit
-/// elements or 128 fp8 codes: the wgmma operand, K-major for fp8). Parts of a box outside the
-/// tensor read as zeros.
+/// elements, landing with the 128-byte swizzle (`swizzle`; the innermost box is then 128
+/// bytes, 64 16-bit elements or 128 fp8 codes: the wgmma operand, K-major for fp8) or as they
+/// are. Parts of a box outside the tensor read as zeros.
 ///
 /// # Errors
 /// [`Error::Driver`] if the driver refuses the description.
@@ -177,18 +177,18 @@ pub(crate) fn tensor_map_3d(
     dims: [u64; 3],
     strides: [u64; 2],
     boxes: [u32; 3],
+    swizzle: bool,
 ) -> Result<TensorMap> {
     use cudarc::driver::sys;
-    let (dtype, swizzle) = if element_bytes == 2 {
-        (
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-        )
+    let dtype = if element_bytes == 2 {
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16
     } else {
-        (
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-        )
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8
+    };
+    let swizzle = if swizzle {
+        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B
+    } else {
+        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE
     };
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
     let element_strides = [1u32; 3];

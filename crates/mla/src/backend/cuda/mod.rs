@@ -422,10 +422,10 @@ impl CudaBackend {
         let params = DecodeParams::new(plan, &ptr, tokens);
         // The cache's tensor map, for the kernels that copy the keys by TMA (either grid).
         let kv_map = if decode.takes_tensor_map() {
-            Some(
-                self.kv_maps
-                    .get(tma::MapShape::kv_cache(plan, ptr.kv), tma::MapShape::encode)?,
-            )
+            Some(self.kv_maps.get(
+                tma::MapShape::kv_cache(plan, &decode, ptr.kv),
+                tma::MapShape::encode,
+            )?)
         } else {
             None
         };

@@ -4,6 +4,7 @@
 use super::ffi;
 use super::params::TensorMap;
 use crate::error::Result;
+use crate::kernels::variant::{TmaBox, Variant};
 use crate::plan::DecodePlan;
 
 /// What a tensor map describes: `ffi::tensor_map_3d`'s arguments.
@@ -14,16 +15,22 @@ pub(crate) struct MapShape {
     dims: [u64; 3],
     strides: [u64; 2],
     boxes: [u32; 3],
+    swizzle: bool,
 }
 
 impl MapShape {
-    /// The cache of `plan` at address `kv`: D elements (16 bits, or fp8 bytes) a key,
-    /// `page_size` keys a page, `num_blocks` pages (the plan's strides, which `pointers`
-    /// checked are multiples of 16 bytes), in boxes of 128 bytes (64 16-bit elements, 128 fp8
-    /// codes) x min(page_size, 64) keys x 1 page.
-    pub(crate) fn kv_cache(plan: &DecodePlan, kv: u64) -> MapShape {
+    /// The cache of `plan` at address `kv`, as `kernel` copies it: D elements (16 bits, or fp8
+    /// bytes) a key, `page_size` keys a page, `num_blocks` pages (the plan's strides, which
+    /// `pointers` checked are multiples of 16 bytes), in boxes of the kernel's chunk
+    /// ([`Variant::tma_box`]: 128 bytes swizzled, or 64 fp8 codes) x min(page_size, 64) keys
+    /// x 1 page.
+    pub(crate) fn kv_cache(plan: &DecodePlan, kernel: &Variant, kv: u64) -> MapShape {
         let u = |x: usize| x as u64;
         let element_bytes = plan.kv_format.size();
+        let (box_bytes, swizzle) = match kernel.tma_box() {
+            TmaBox::Swizzled128 => (128, true),
+            TmaBox::Codes64 => (64, false),
+        };
         MapShape {
             base: kv,
             element_bytes,
@@ -37,10 +44,11 @@ impl MapShape {
                 u(plan.kv.page_stride * element_bytes),
             ],
             boxes: [
-                (128 / element_bytes) as u32,
+                (box_bytes / element_bytes) as u32,
                 plan.kv.page_size.min(64) as u32,
                 1,
             ],
+            swizzle,
         }
     }
 
@@ -55,6 +63,7 @@ impl MapShape {
             self.dims,
             self.strides,
             self.boxes,
+            self.swizzle,
         )
     }
 }
@@ -100,6 +109,7 @@ mod tests {
             dims: [576, 64, 100],
             strides: [1152, 73_728],
             boxes: [64, 64, 1],
+            swizzle: true,
         }
     }
 
@@ -126,7 +136,14 @@ mod tests {
             ..shape(2 << 20)
         };
         assert_eq!(get(&mut cache, moved_pages), 2 << 20);
-        assert_eq!(calls, 3);
+        // The same cache copied in other boxes (another kernel's): encoded afresh.
+        let unswizzled = MapShape {
+            swizzle: false,
+            ..moved_pages
+        };
+        assert_eq!(get(&mut cache, unswizzled), 2 << 20);
+        assert_eq!(get(&mut cache, unswizzled), 2 << 20);
+        assert_eq!(calls, 4);
     }
 
     #[test]

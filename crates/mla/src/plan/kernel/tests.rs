@@ -336,30 +336,54 @@ fn the_seesaw_kernel_takes_many_heads_on_long_splits_and_anything_forced_on_page
         }
     }
     // Not where another family is forced, only on Hopper, only for a cache in the model dtype
-    // (the keys land as the products read them).
+    // (the keys land as the products read them) or fp8 (the codes are rewritten as f16 in
+    // place), not in the fp8-query mode.
     for (kv, hopper, choice) in [
         (KvFormat::Bf16, true, KernelChoice::Only(Wgmma)),
         (KvFormat::Bf16, true, KernelChoice::Only(Narrow)),
         (KvFormat::F16, true, KernelChoice::Auto),
-        (KvFormat::Fp8E4m3, true, KernelChoice::Auto),
         (KvFormat::Bf16, true, KernelChoice::Only(Mma)),
+        (KvFormat::Fp8E4m3, true, KernelChoice::Only(WgmmaFp8)),
         (KvFormat::Bf16, false, KernelChoice::Only(Seesaw)),
         (KvFormat::F16, true, KernelChoice::Only(Seesaw)),
-        (KvFormat::Fp8E4m3, true, KernelChoice::Only(Seesaw)),
     ] {
         let s = set(128, kv, hopper, choice);
         assert_eq!(s.seesaw, None, "{kv:?} {hopper} {choice:?}");
         assert_ne!(launch(&s, 128, 1, 64, long).family(), Seesaw);
     }
-    // Its threshold at each head count, exactly.
-    for heads in [128, 64, 17, 16] {
-        let keys = seesaw_min_split_keys(heads).unwrap();
-        assert_eq!(launch(&auto(heads), heads, 1, 64, keys).family(), Seesaw);
-        assert_ne!(
-            launch(&auto(heads), heads, 1, 64, keys - 1).family(),
-            Seesaw
-        );
+    let fp8_query = set_with(128, KvFormat::Fp8E4m3, true, KernelChoice::Auto, |c| {
+        c.fp8_query = true
+    });
+    assert_eq!(fp8_query.seesaw, None);
+    for kv in [KvFormat::Fp8E4m3, KvFormat::Fp8E5m2] {
+        for choice in [KernelChoice::Auto, KernelChoice::Only(Seesaw)] {
+            let s = set(128, kv, true, choice);
+            assert!(s.seesaw.is_some_and(|v| v.fp8()), "{kv:?} {choice:?}");
+            assert_eq!(launch(&s, 128, 1, 64, long).family(), Seesaw);
+        }
     }
+    // Its threshold at each head count, exactly, over either cache (fp8 from 17 heads).
+    for kv in [KvFormat::Bf16, KvFormat::Fp8E4m3] {
+        for heads in [128, 64, 17, 16] {
+            let s = set(heads, kv, true, KernelChoice::Auto);
+            let keys = seesaw_min_split_keys(heads).unwrap();
+            let want = kv == KvFormat::Bf16 || heads >= FP8_SEESAW_MIN_HEADS;
+            let at = launch(&s, heads, 1, 64, keys).family();
+            assert_eq!(at == Seesaw, want, "{heads} {kv:?}");
+            assert_ne!(launch(&s, heads, 1, 64, keys - 1).family(), Seesaw);
+        }
+    }
+    assert_eq!(
+        launch(
+            &set(16, KvFormat::Fp8E4m3, true, KernelChoice::Auto),
+            16,
+            1,
+            64,
+            1 << 20
+        )
+        .family(),
+        Mma
+    );
     assert!(
         only(128, Seesaw)
             .variants()
@@ -405,6 +429,10 @@ fn the_seesaw_kernel_packs_few_head_tokens_on_long_splits_as_shipped() {
         assert_eq!(s.packed_seesaw, None, "{kv:?}");
         assert_eq!(launch(&s, 16, 4, 64, 100_000).family(), Wgmma, "{kv:?}");
     }
+    // fp8 packs into it where it is forced.
+    let s = set(16, KvFormat::Fp8E4m3, true, KernelChoice::Only(Seesaw));
+    assert!(s.packed_seesaw.is_some_and(|v| v.fp8()));
+    assert_eq!(what(launch(&s, 16, 4, 64, 1)), (Seesaw, true, 4));
     // Forced: any split; another family forced: never.
     assert_eq!(
         what(launch(&only(16, Seesaw), 16, 2, 64, 1)),
@@ -435,17 +463,25 @@ fn the_fp8_twin_takes_long_splits_as_shipped_and_every_decode_when_forced() {
                     assert_eq!(launch(&s, heads, q, page, split_keys), Pick::one(twin));
                 }
             }
-            // As shipped: from 17 heads, splits of at least 1024 keys, any page size; the
-            // packed kernel keeps the tokens that pack (up to 32 heads).
+            // As shipped: from 17 heads, splits of at least 1024 keys, on the pages the seesaw
+            // kernel does not tile (it takes the others: its fp8 path multiplies in f16 as the
+            // twin does, in its two-tile order); the packed wgmma kernel keeps the tokens that
+            // pack (up to 32 heads).
             let s = with(17, KernelChoice::Auto);
-            assert_eq!(launch(&s, 17, 1, 64, min).family(), WgmmaFp8);
-            assert_eq!(launch(&s, 17, 1, 64, min - 1).family(), Wgmma);
-            assert_eq!(what(launch(&s, 17, 3, 64, 4 * min)), (Wgmma, true, 3));
+            assert_eq!(launch(&s, 17, 1, 7, min).family(), WgmmaFp8);
+            assert_eq!(launch(&s, 17, 1, 7, min - 1).family(), Wgmma);
+            assert_eq!(launch(&s, 17, 1, 64, min).family(), Seesaw);
+            for page in [7, 64] {
+                assert_eq!(what(launch(&s, 17, 3, page, 4 * min)), (Wgmma, true, 3));
+            }
             for heads in [33, 64, 128] {
                 let s = with(heads, KernelChoice::Auto);
-                for (q, page) in [(1, 64), (1, 7), (2, 64), (3, 33)] {
+                for (q, page) in [(1, 7), (1, 48), (3, 33)] {
                     assert_eq!(launch(&s, heads, q, page, min).family(), WgmmaFp8);
                     assert_eq!(launch(&s, heads, q, page, min - 1).family(), Wgmma);
+                }
+                for q in [1, 2] {
+                    assert_eq!(launch(&s, heads, q, 64, min).family(), Seesaw);
                 }
             }
             // 16 heads take the mma kernel, which has no twin; another family forced keeps its
@@ -593,9 +629,8 @@ fn batch_invariant_picks_depend_on_the_decoder_and_the_call_shape_alone() {
             scheduled: false,
         });
         let want = match (heads, kv) {
-            (_, KvFormat::Bf16) => Seesaw,
-            (16, _) => Mma,
-            _ => WgmmaFp8,
+            (16, KvFormat::Fp8E4m3) => Mma,
+            _ => Seesaw,
         };
         assert_eq!(p.family(), want, "{heads} {kv:?}");
     }
