@@ -111,14 +111,16 @@ fn multi_token_rows_of_few_heads_on_long_splits(t: &mut Tally) {
 fn many_heads_over_fp8_caches_on_long_splits(t: &mut Tally) {
     // On Hopper the seesaw kernel takes these as shipped (512 keys a split and more above 64
     // heads, 1024 from 17): its fp8 codes rewritten as f16 chunk by chunk, k_scale on the
-    // scores and the output; pages of 32 keys (two boxes a tile), split edges inside tiles,
-    // an empty row and a row of two keys.
-    for (heads, model, kv, splits) in [
-        (128, ModelDtype::Bf16, KvFormat::Fp8E4m3, 2),
-        (64, ModelDtype::F16, KvFormat::Fp8E4m3, 1),
-        (128, ModelDtype::Bf16, KvFormat::Fp8E5m2, 3),
+    // scores and the output; pages of 32, 16 and 8 keys (2, 4 and 8 boxes a tile), split
+    // edges inside tiles, an empty row and a row of two keys.
+    for (heads, page, model, kv, splits) in [
+        (128, 32, ModelDtype::Bf16, KvFormat::Fp8E4m3, 2),
+        (64, 32, ModelDtype::F16, KvFormat::Fp8E4m3, 1),
+        (128, 32, ModelDtype::Bf16, KvFormat::Fp8E5m2, 3),
+        (128, 16, ModelDtype::Bf16, KvFormat::Fp8E4m3, 2),
+        (32, 8, ModelDtype::Bf16, KvFormat::Fp8E5m2, 2),
     ] {
-        let mut s = spec(heads, 32, &[5003, 2, 0, 2900], 1, Mask::Causal).with_format(model, kv);
+        let mut s = spec(heads, page, &[5003, 2, 0, 2900], 1, Mask::Causal).with_format(model, kv);
         s.k_scale = 0.25;
         let mut case = Case::new(s);
         case.fixed_splits = Some(splits);
