@@ -12,7 +12,7 @@ use mla::{
     MlaDecode, ModelDtype, Query, TensorRef,
 };
 
-use crate::errors::to_py;
+use crate::errors::{to_py, torch_device};
 use crate::torch::{self, TorchTensor};
 
 fn value_error(msg: impl Into<String>) -> PyErr {
@@ -491,13 +491,4 @@ fn check_no_overlap(out: &TorchTensor, name: &str, others: &[TorchTensor]) -> Py
         }
     }
     Ok(())
-}
-
-/// A location as torch names the device (`cpu`, `cuda:0`): what a Python caller compares with
-/// `tensor.device`.
-fn torch_device(at: Location) -> String {
-    match at {
-        Location::Host => "cpu".to_string(),
-        Location::Cuda(i) => format!("cuda:{i}"),
-    }
 }

@@ -306,6 +306,9 @@ def test_argument_errors_name_the_argument():
 
     with pytest.raises(ValueError, match="q: expected a tensor on cuda:0 .*, got one on cpu"):
         call(0, c["q"].cpu())
+    # The library's own device check names devices as torch does too.
+    with pytest.raises(ValueError, match="block_table: expected a tensor on cuda:0, got one on cpu"):
+        call(2, c["block_table"].cpu())
     with pytest.raises(ValueError, match="q: expected dtype bf16, got f32"):
         call(0, c["q"].float())
     with pytest.raises(ValueError, match=r"q: expected shape \[rows, 16, 576\]"):

@@ -169,9 +169,9 @@ pub enum Error {
         /// The argument.
         arg: &'static str,
         /// The device the backend runs on.
-        expected: String,
+        expected: crate::tensor::Location,
         /// Where the tensor lives.
-        got: String,
+        got: crate::tensor::Location,
     },
 
     /// Query rows that are not a whole number of tokens per request (vLLM's message).

@@ -459,8 +459,8 @@ fn device_ptr_on(arg: &'static str, ptr: Option<u64>, ordinal: usize, at: Locati
         Some(p) if at == Location::Cuda(ordinal) => Ok(p),
         _ => Err(Error::WrongDevice {
             arg,
-            expected: Location::Cuda(ordinal).to_string(),
-            got: at.to_string(),
+            expected: Location::Cuda(ordinal),
+            got: at,
         }),
     }
 }

@@ -61,8 +61,8 @@ pub(super) fn on_device(arg: &'static str, got: Location, want: Location) -> Res
     } else {
         Err(Error::WrongDevice {
             arg,
-            expected: want.to_string(),
-            got: got.to_string(),
+            expected: want,
+            got,
         })
     }
 }
