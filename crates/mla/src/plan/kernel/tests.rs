@@ -147,45 +147,24 @@ fn few_heads_pack_query_tokens_into_the_wgmma_tile_on_hopper() {
     assert_eq!(launch(&f16, 8, 2, 64, 1).family(), Mma);
     let fp8 = set(8, KvFormat::Fp8E4m3, true, KernelChoice::Auto);
     assert_eq!(launch(&fp8, 8, 2, 64, 1).family(), Narrow);
-    // Narrow forced: single tokens of up to 16 heads too; packing still comes first.
-    assert_eq!(
-        what(launch(&only(16, Narrow), 16, 1, 64, short)),
-        (Narrow, false, 1)
-    );
-    assert_eq!(
-        what(launch(&only(5, Narrow), 5, 2, 64, short)),
-        (Narrow, false, 2)
-    );
-    assert_eq!(
-        what(launch(&only(16, Narrow), 16, 4, 64, short)),
-        (Wgmma, true, 4)
-    );
-    assert_eq!(
-        what(launch(&only(17, Narrow), 17, 1, 64, short)),
-        (Wgmma, false, 1)
-    );
-    // mma forced never packs; wgmma forced runs the wgmma kernel everywhere and packs as
-    // auto does; before Hopper there is no wgmma kernel.
-    assert_eq!(
-        what(launch(&only(16, Mma), 16, 4, 64, short)),
-        (Mma, false, 1)
-    );
-    assert_eq!(
-        what(launch(&only(16, Mma), 16, 1, 64, short)),
-        (Mma, false, 1)
-    );
-    assert_eq!(
-        what(launch(&only(16, Wgmma), 16, 1, 64, short)),
-        (Wgmma, false, 1)
-    );
-    assert_eq!(
-        what(launch(&only(4, Wgmma), 4, 4, 64, short)),
-        (Wgmma, false, 1)
-    );
-    assert_eq!(
-        what(launch(&only(4, Wgmma), 4, 100, 64, short)),
-        (Wgmma, true, 16)
-    );
+    // Narrow forced: single tokens of up to 16 heads too; packing still comes first. mma
+    // forced never packs; wgmma forced runs the wgmma kernel everywhere and packs as auto
+    // does; before Hopper there is no wgmma kernel.
+    // (forced family, heads, query_len) -> (family, packed, tokens a CTA).
+    for (family, heads, q, want) in [
+        (Narrow, 16, 1, (Narrow, false, 1)),
+        (Narrow, 5, 2, (Narrow, false, 2)),
+        (Narrow, 16, 4, (Wgmma, true, 4)),
+        (Narrow, 17, 1, (Wgmma, false, 1)),
+        (Mma, 16, 4, (Mma, false, 1)),
+        (Mma, 16, 1, (Mma, false, 1)),
+        (Wgmma, 16, 1, (Wgmma, false, 1)),
+        (Wgmma, 4, 4, (Wgmma, false, 1)),
+        (Wgmma, 4, 100, (Wgmma, true, 16)),
+    ] {
+        let p = launch(&only(heads, family), heads, q, 64, short);
+        assert_eq!(what(p), want, "{family:?} forced, {heads} x {q}");
+    }
     let sm80 = set(16, KvFormat::Bf16, false, KernelChoice::Auto);
     assert_eq!(what(launch(&sm80, 16, 4, 64, short)), (Mma, false, 1));
     // Warmup builds what can launch: the packed variants (wgmma and seesaw) for up to 32
