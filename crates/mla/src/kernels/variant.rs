@@ -96,6 +96,16 @@ pub(crate) enum TmaBox {
     Codes64,
 }
 
+impl TmaBox {
+    /// A key's bytes in a box.
+    pub(crate) fn bytes(self) -> usize {
+        match self {
+            TmaBox::Swizzled128 => 128,
+            TmaBox::Codes64 => 64,
+        }
+    }
+}
+
 /// One compiled kernel: the family and its specialization.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Variant {

@@ -10,6 +10,7 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
 use super::params::{DecodeParams, ScheduleParams, TensorMap, TmaParams, TmaScheduleParams};
 use crate::error::{Error, Result};
+use crate::kernels::variant::TmaBox;
 
 /// Whether libnvrtc can be loaded (cudarc panics on first use otherwise). Enough to compile.
 pub fn nvrtc_present() -> std::result::Result<(), String> {
@@ -165,7 +166,7 @@ unsafe impl KernelParams for TmaScheduleParams {}
 
 /// A 3-D tensor in global memory as the TMA unit reads it: `dims` (innermost first) with
 /// `strides` in bytes for dims 1 and 2 (multiples of 16), copied in boxes of `boxes`
-/// elements, landing with the 128-byte swizzle (`swizzle`; the innermost box is then 128
+/// elements, landing as `landing` says: in the 128-byte swizzle (the innermost box is then 128
 /// bytes, 64 16-bit elements or 128 fp8 codes: the wgmma operand, K-major for fp8) or as they
 /// are. Parts of a box outside the tensor read as zeros.
 ///
@@ -177,7 +178,7 @@ pub(crate) fn tensor_map_3d(
     dims: [u64; 3],
     strides: [u64; 2],
     boxes: [u32; 3],
-    swizzle: bool,
+    landing: TmaBox,
 ) -> Result<TensorMap> {
     use cudarc::driver::sys;
     let dtype = if element_bytes == 2 {
@@ -185,10 +186,9 @@ pub(crate) fn tensor_map_3d(
     } else {
         sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8
     };
-    let swizzle = if swizzle {
-        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B
-    } else {
-        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE
+    let swizzle = match landing {
+        TmaBox::Swizzled128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+        TmaBox::Codes64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
     };
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
     let element_strides = [1u32; 3];

@@ -15,7 +15,7 @@ pub(crate) struct MapShape {
     dims: [u64; 3],
     strides: [u64; 2],
     boxes: [u32; 3],
-    swizzle: bool,
+    landing: TmaBox,
 }
 
 impl MapShape {
@@ -27,10 +27,7 @@ impl MapShape {
     pub(crate) fn kv_cache(plan: &DecodePlan, kernel: &Variant, kv: u64) -> MapShape {
         let u = |x: usize| x as u64;
         let element_bytes = plan.kv_format.size();
-        let (box_bytes, swizzle) = match kernel.tma_box() {
-            TmaBox::Swizzled128 => (128, true),
-            TmaBox::Codes64 => (64, false),
-        };
+        let landing = kernel.tma_box();
         MapShape {
             base: kv,
             element_bytes,
@@ -44,11 +41,11 @@ impl MapShape {
                 u(plan.kv.page_stride * element_bytes),
             ],
             boxes: [
-                (box_bytes / element_bytes) as u32,
+                (landing.bytes() / element_bytes) as u32,
                 plan.kv.page_size.min(64) as u32,
                 1,
             ],
-            swizzle,
+            landing,
         }
     }
 
@@ -63,7 +60,7 @@ impl MapShape {
             self.dims,
             self.strides,
             self.boxes,
-            self.swizzle,
+            self.landing,
         )
     }
 }
@@ -109,7 +106,7 @@ mod tests {
             dims: [576, 64, 100],
             strides: [1152, 73_728],
             boxes: [64, 64, 1],
-            swizzle: true,
+            landing: TmaBox::Swizzled128,
         }
     }
 
@@ -138,7 +135,7 @@ mod tests {
         assert_eq!(get(&mut cache, moved_pages), 2 << 20);
         // The same cache copied in other boxes (another kernel's): encoded afresh.
         let unswizzled = MapShape {
-            swizzle: false,
+            landing: TmaBox::Codes64,
             ..moved_pages
         };
         assert_eq!(get(&mut cache, unswizzled), 2 << 20);
