@@ -757,12 +757,13 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Tensor
     // The outputs through shared memory (the tiles are free: every thread is past its loop),
     // then whole rows out; the same mbarrier's next phase says every row is staged.
     const StagedRows<BF16, L> out{sm.q(), out_pc.splits > 1};
+    // fp8: k_scale is V's too (read again after the loop: no register was left to keep it).
+    const float v_scale = FP8 ? read_k_scale(p, false) : 1.0f;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = r0 + 8 * h;
         const float sum = ld_shared_f32(sm.sums(0, r)) + ld_shared_f32(sm.sums(1, r));
-        // fp8: k_scale is V's too (read again: no register is left to keep it).
-        const float inv = sum > 0.0f ? (FP8 ? read_k_scale(p, false) : 1.0f) / sum : 0.0f;
+        const float inv = sum > 0.0f ? v_scale / sum : 0.0f;
         out.put<COLS / 8>(r, [&](int j) { return wg * COLS + 2 * (lane % 4) + 8 * j; },
                           [&](int j, int e) { return o[4 * j + 2 * h + e] * inv; });
         // A packed row with no key in the split (sum 0, max -inf): o = 0 and lse = -inf.
