@@ -5,9 +5,12 @@
 //! - `split`: stage 1, one normalized partial output and LSE per split.
 //! - `combine`: stage 2, the ascending merge into o and lse.
 //! - `kernel`: which stage-1 path runs ([`CpuKernel`], the CPU's [`CpuFeatures`]).
-//! - `split_avx512`, `avx512` (x86-64): stage 1 with AVX-512 BF16 products.
+//! - `split_avx512`, `avx512` (x86-64): stage 1 with AVX-512 BF16 products, or with AMX-BF16
+//!   tile products (`amx`).
 //! - `gemm`: the safe wrapper of the f32 GEMM the portable path's products use.
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod combine;
