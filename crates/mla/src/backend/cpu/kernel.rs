@@ -105,6 +105,10 @@ pub(crate) enum CpuPath {
     Avx512Bf16(Avx512Bf16),
     #[cfg(target_arch = "x86_64")]
     AmxBf16(AmxBf16),
+    /// The amx-bf16 path with a scalar model of the tile products: its packing and tile walk,
+    /// checked on CPUs without AMX.
+    #[cfg(all(test, target_arch = "x86_64"))]
+    EmulatedTiles(Avx512Bf16),
 }
 
 impl CpuPath {
@@ -116,6 +120,8 @@ impl CpuPath {
             CpuPath::Avx512Bf16(_) => CpuKernel::Avx512Bf16,
             #[cfg(target_arch = "x86_64")]
             CpuPath::AmxBf16(_) => CpuKernel::AmxBf16,
+            #[cfg(all(test, target_arch = "x86_64"))]
+            CpuPath::EmulatedTiles(_) => CpuKernel::AmxBf16,
         }
     }
 

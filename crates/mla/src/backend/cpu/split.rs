@@ -170,6 +170,12 @@ pub fn run(
             let stage1 = split_avx512::Stage1::new(token.vectors(), tiles, plan, src);
             run_bf16(plan, src, &stage1, part_o, part_lse);
         }
+        #[cfg(all(test, target_arch = "x86_64"))]
+        CpuPath::EmulatedTiles(token) => {
+            let tiles = Some(TileUnit::Scalar);
+            let stage1 = split_avx512::Stage1::new(token, tiles, plan, src);
+            run_bf16(plan, src, &stage1, part_o, part_lse);
+        }
     }
 }
 
