@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds, on a CPU machine, everything the GPU machine runs, into gpu-bin/ (ignored):
 #   gpu-bin/mla            the CLI (release)
-#   gpu-bin/tests/<name>   the release test binaries that touch the GPU (run.sh runs each)
+#   gpu-bin/tests/<name>   the release test binaries that touch the GPU (run.sh runs each),
+#                          and cpu_contract for the host CPU's amx-bf16 path (an Intel Xeon
+#                          with AMX-BF16): MLA_REQUIRE_AMX=1 gpu-bin/tests/cpu_contract
 #   gpu-bin/cache/         the sm_90a cubins
 #   gpu-bin/wheels/        the mla_rs wheel (abi3, built by maturin from PyPI)
 # and copies the side-by-side benchmark script next to the anchors if they were fetched
@@ -19,7 +21,7 @@ cargo build --release -p mla-cli --features nccl
 cp target/release/mla "$out/mla"
 
 # The test binaries, by name (cargo prints their paths as JSON).
-tests=(cuda_contract cuda_runtime cuda_batch_invariance cuda_sanitize cuda_schedule cuda_nan errors dcp_gpu)
+tests=(cuda_contract cuda_runtime cuda_batch_invariance cuda_sanitize cuda_schedule cuda_nan errors dcp_gpu cpu_contract)
 cargo test --release -p mla --features nccl "${tests[@]/#/--test=}" --no-run --message-format=json 2>/dev/null |
   python3 -c '
 import json, sys, shutil

@@ -89,8 +89,8 @@ pub struct BenchArgs {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// The CPU backend's stage-1 kernel (MlaConfig::cpu_kernel): auto, avx512-bf16 or
-    /// portable; forcing one this CPU or case cannot run is an error.
+    /// The CPU backend's stage-1 kernel (MlaConfig::cpu_kernel): auto, amx-bf16,
+    /// avx512-bf16 or portable; forcing one this CPU or case cannot run is an error.
     #[arg(long, default_value = "auto")]
     cpu_kernel: mla::CpuKernel,
     /// Decode context parallelism: time one GPU against this many (GPUs 0..N, NCCL), the
@@ -141,7 +141,8 @@ struct Measured {
     #[serde(flatten)]
     case: Case,
     backend: &'static str,
-    /// The stage-1 kernel that ran: the CPU path (`cpu-avx512-bf16`, `cpu-portable`) or the
+    /// The stage-1 kernel that ran: the CPU path (`cpu-amx-bf16`, `cpu-avx512-bf16`,
+    /// `cpu-portable`) or the
     /// GPU family (`mma`, `wgmma`, `narrow`, `seesaw`, `wgmma-fp8`).
     kernel: &'static str,
     device: String,

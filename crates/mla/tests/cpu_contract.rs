@@ -296,16 +296,17 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     /// The CPU backend with its own pick of path, then each path this CPU has, forced: all
-    /// against the one reference of the drawn case. The AVX-512 BF16 path takes the
-    /// configurations whose multiplied values are bf16 numbers and refuses the others with an
-    /// error naming `cpu_kernel`.
+    /// against the one reference of the drawn case. The bf16-product paths (AVX-512 BF16,
+    /// AMX-BF16) take the configurations whose multiplied values are bf16 numbers and refuse
+    /// the others with an error naming `cpu_kernel`.
     #[test]
     fn cpu_backend_and_every_path_match_the_f64_reference(case in any_case()) {
         let drawn = Drawn::new(&case.spec, |_| {});
         for kernel in std::iter::once(CpuKernel::Auto).chain(cpu_kernels()) {
             let case = Case { cpu_kernel: kernel, ..case.clone() };
             let bf16_values = case.spec.model_dtype == ModelDtype::Bf16 && !case.fp8_query;
-            if kernel == CpuKernel::Avx512Bf16 && !bf16_values {
+            let bf16_products = matches!(kernel, CpuKernel::Avx512Bf16 | CpuKernel::AmxBf16);
+            if bf16_products && !bf16_values {
                 let e = MlaDecode::new(&case.config(), Device::Cpu).unwrap_err();
                 prop_assert!(
                     matches!(e, Error::InvalidConfig { field: "cpu_kernel", .. }),

@@ -85,11 +85,12 @@ impl Backend {
         }
     }
 
-    /// What computes stage 1: the CPU path (`cpu-avx512-bf16`, `cpu-portable`), or the
-    /// backend's name on a GPU (whose kernels are named per plan).
+    /// What computes stage 1: the CPU path (`cpu-amx-bf16`, `cpu-avx512-bf16`,
+    /// `cpu-portable`), or the backend's name on a GPU (whose kernels are named per plan).
     pub(crate) fn kernel_name(&self) -> &'static str {
         match self {
             Backend::Cpu(b) => match b.kernel() {
+                cpu::CpuKernel::AmxBf16 => "cpu-amx-bf16",
                 cpu::CpuKernel::Avx512Bf16 => "cpu-avx512-bf16",
                 cpu::CpuKernel::Portable | cpu::CpuKernel::Auto => "cpu-portable",
             },

@@ -320,13 +320,25 @@ pub fn assert_accurate(case: &Case, a: Accuracy) {
     assert_within(case, a, case.tolerances(), "");
 }
 
-/// The CPU paths this CPU can force, saying once which it cannot.
+/// The CPU paths this CPU can force, saying which it cannot. With `MLA_REQUIRE_AMX=1` (set on
+/// a machine with AMX-BF16, to run the amx-bf16 path for sure) a missing amx-bf16 path fails
+/// the test instead of being skipped.
 pub fn cpu_kernels() -> Vec<CpuKernel> {
+    let has = mla::CpuFeatures::detect();
     let mut kernels = vec![CpuKernel::Portable];
-    if mla::CpuFeatures::detect().avx512_bf16 {
+    if has.avx512_bf16 {
         kernels.push(CpuKernel::Avx512Bf16);
     } else {
         eprintln!("skipped the avx512-bf16 path: this CPU lacks AVX-512 BF16");
+    }
+    if has.amx_granted {
+        kernels.push(CpuKernel::AmxBf16);
+    } else {
+        assert!(
+            std::env::var("MLA_REQUIRE_AMX").as_deref() != Ok("1"),
+            "MLA_REQUIRE_AMX=1 but the amx-bf16 path cannot run here; this CPU has: {has}"
+        );
+        eprintln!("skipped the amx-bf16 path: this CPU or OS lacks AMX-BF16 (it has: {has})");
     }
     kernels
 }

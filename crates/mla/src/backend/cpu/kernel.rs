@@ -7,6 +7,8 @@
 use std::fmt;
 
 #[cfg(target_arch = "x86_64")]
+use super::amx::AmxBf16;
+#[cfg(target_arch = "x86_64")]
 use super::avx512::Avx512Bf16;
 use crate::config::ValidConfig;
 use crate::dtype::ModelDtype;
@@ -24,8 +26,13 @@ pub struct CpuFeatures {
     pub avx512bw: bool,
     /// AVX-512 BF16 (`vdpbf16ps`).
     pub avx512_bf16: bool,
-    /// AMX tiles with bf16 (reported; no kernel uses them yet).
+    /// AMX tiles (AMX-TILE), as CPUID reports them.
+    pub amx_tile: bool,
+    /// AMX with bf16 (AMX-BF16), as CPUID reports it.
     pub amx_bf16: bool,
+    /// Everything the amx-bf16 path needs: AMX-TILE and AMX-BF16, the tile state enabled by
+    /// the OS and granted to this process (`arch_prctl` on Linux, asked here), AVX-512 BF16.
+    pub amx_granted: bool,
 }
 
 impl CpuFeatures {
@@ -38,7 +45,9 @@ impl CpuFeatures {
                 avx512f: is_x86_feature_detected!("avx512f"),
                 avx512bw: is_x86_feature_detected!("avx512bw"),
                 avx512_bf16: is_x86_feature_detected!("avx512bf16"),
-                amx_bf16: amx_bf16_in_cpuid(),
+                amx_tile: cpuid_leaf7_edx() & (1 << 24) != 0,
+                amx_bf16: cpuid_leaf7_edx() & (1 << 22) != 0,
+                amx_granted: AmxBf16::detect().is_some(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -47,18 +56,24 @@ impl CpuFeatures {
             avx512f: false,
             avx512bw: false,
             avx512_bf16: false,
+            amx_tile: false,
             amx_bf16: false,
+            amx_granted: false,
         }
     }
 }
 
-/// CPUID leaf 7 reports AMX-BF16 in EDX bit 22 (std's detection of it is not stable yet).
-/// Only the CPU's word: the kernel must still grant the tile state (`arch_prctl`) before a
-/// program may use it.
+/// CPUID leaf 7's EDX: AMX-BF16 is bit 22, AMX-TILE bit 24 (std's detection of them is not
+/// stable yet). Only the CPU's word: Linux must still grant the tile state (`arch_prctl`)
+/// before a program may use it.
 #[cfg(target_arch = "x86_64")]
-fn amx_bf16_in_cpuid() -> bool {
+fn cpuid_leaf7_edx() -> u32 {
     use std::arch::x86_64::__cpuid_count;
-    __cpuid_count(0, 0).eax >= 7 && __cpuid_count(7, 0).edx & (1 << 22) != 0
+    if __cpuid_count(0, 0).eax >= 7 {
+        __cpuid_count(7, 0).edx
+    } else {
+        0
+    }
 }
 
 impl fmt::Display for CpuFeatures {
@@ -69,7 +84,9 @@ impl fmt::Display for CpuFeatures {
             (self.avx512f, "avx512f"),
             (self.avx512bw, "avx512bw"),
             (self.avx512_bf16, "avx512_bf16"),
+            (self.amx_tile, "amx_tile"),
             (self.amx_bf16, "amx_bf16"),
+            (self.amx_granted, "amx_granted"),
         ];
         let found: Vec<&str> = names.iter().filter(|n| n.0).map(|n| n.1).collect();
         if found.is_empty() {
@@ -86,6 +103,12 @@ pub(crate) enum CpuPath {
     Portable,
     #[cfg(target_arch = "x86_64")]
     Avx512Bf16(Avx512Bf16),
+    #[cfg(target_arch = "x86_64")]
+    AmxBf16(AmxBf16),
+    /// The amx-bf16 path with a scalar model of the tile products: its packing and tile walk,
+    /// checked on CPUs without AMX.
+    #[cfg(all(test, target_arch = "x86_64"))]
+    EmulatedTiles(Avx512Bf16),
 }
 
 impl CpuPath {
@@ -95,6 +118,10 @@ impl CpuPath {
             CpuPath::Portable => CpuKernel::Portable,
             #[cfg(target_arch = "x86_64")]
             CpuPath::Avx512Bf16(_) => CpuKernel::Avx512Bf16,
+            #[cfg(target_arch = "x86_64")]
+            CpuPath::AmxBf16(_) => CpuKernel::AmxBf16,
+            #[cfg(all(test, target_arch = "x86_64"))]
+            CpuPath::EmulatedTiles(_) => CpuKernel::AmxBf16,
         }
     }
 
@@ -104,37 +131,66 @@ impl CpuPath {
     /// [`Error::InvalidConfig`] naming `cpu_kernel` when a forced path is missing from this
     /// CPU or cannot compute this configuration's numbers.
     pub fn resolve(asked: CpuKernel, cfg: &ValidConfig) -> Result<CpuPath> {
-        // The bf16 products are exact only where every multiplied value is a bf16 number.
-        let bf16_values = cfg.model_dtype == ModelDtype::Bf16 && !cfg.fp8_query;
+        let bf16_values = bf16_values(cfg);
         match asked {
             CpuKernel::Portable => Ok(CpuPath::Portable),
-            CpuKernel::Auto => Ok(Self::avx512_bf16()
+            CpuKernel::Auto => Ok(Self::amx_bf16()
+                .or_else(Self::avx512_bf16)
                 .filter(|_| bf16_values)
                 .unwrap_or(CpuPath::Portable)),
-            CpuKernel::Avx512Bf16 => {
-                let path = Self::avx512_bf16().ok_or_else(|| {
-                    Error::config(
-                        "cpu_kernel",
-                        format!(
-                            "avx512-bf16 needs AVX-512F, AVX-512BW and AVX-512 BF16; this CPU has: {}",
-                            CpuFeatures::detect()
-                        ),
-                    )
-                })?;
-                if !bf16_values {
-                    return Err(Error::config(
-                        "cpu_kernel",
-                        format!(
-                            "avx512-bf16 multiplies bf16 values: it takes a bfloat16 model dtype \
-                             outside the fp8-query mode, got {}{}",
-                            cfg.model_dtype,
-                            if cfg.fp8_query { " with fp8_query" } else { "" }
-                        ),
-                    ));
-                }
-                Ok(path)
-            }
+            CpuKernel::Avx512Bf16 => Self::forced(
+                asked,
+                Self::avx512_bf16(),
+                "AVX-512F, AVX-512BW and AVX-512 BF16",
+                cfg,
+            ),
+            CpuKernel::AmxBf16 => Self::forced(
+                asked,
+                Self::amx_bf16(),
+                "AMX-TILE and AMX-BF16 granted by Linux, with AVX-512F, AVX-512BW and AVX-512 BF16",
+                cfg,
+            ),
         }
+    }
+
+    /// A forced bf16 path: `found` if this CPU has it (`needs` names what it lacks otherwise)
+    /// and the configuration's multiplied values are bf16 numbers.
+    fn forced(
+        asked: CpuKernel,
+        found: Option<CpuPath>,
+        needs: &str,
+        cfg: &ValidConfig,
+    ) -> Result<CpuPath> {
+        let path = found.ok_or_else(|| {
+            Error::config(
+                "cpu_kernel",
+                format!(
+                    "{asked} needs {needs}; this CPU has: {}",
+                    CpuFeatures::detect()
+                ),
+            )
+        })?;
+        if !bf16_values(cfg) {
+            return Err(Error::config(
+                "cpu_kernel",
+                format!(
+                    "{asked} multiplies bf16 values: it takes a bfloat16 model dtype \
+                     outside the fp8-query mode, got {}{}",
+                    cfg.model_dtype,
+                    if cfg.fp8_query { " with fp8_query" } else { "" }
+                ),
+            ));
+        }
+        Ok(path)
+    }
+
+    fn amx_bf16() -> Option<CpuPath> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            AmxBf16::detect().map(CpuPath::AmxBf16)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        None
     }
 
     fn avx512_bf16() -> Option<CpuPath> {
@@ -145,6 +201,11 @@ impl CpuPath {
         #[cfg(not(target_arch = "x86_64"))]
         None
     }
+}
+
+/// The bf16 products are exact only where every multiplied value is a bf16 number.
+fn bf16_values(cfg: &ValidConfig) -> bool {
+    cfg.model_dtype == ModelDtype::Bf16 && !cfg.fp8_query
 }
 
 #[cfg(test)]
@@ -160,7 +221,7 @@ mod tests {
 
     #[test]
     fn names_parse_back() {
-        for k in [CpuKernel::Auto, CpuKernel::Avx512Bf16, CpuKernel::Portable] {
+        for k in CpuKernel::ALL {
             assert_eq!(k.name().parse::<CpuKernel>().unwrap(), k);
         }
         let e = "amx".parse::<CpuKernel>().unwrap_err();
@@ -180,7 +241,9 @@ mod tests {
     fn auto_takes_bf16_products_only_for_bf16_values() {
         let has = CpuFeatures::detect();
         let bf16 = CpuPath::resolve(CpuKernel::Auto, &valid(ModelDtype::Bf16)).unwrap();
-        let want = if has.avx512f && has.avx512bw && has.avx512_bf16 {
+        let want = if has.amx_granted {
+            CpuKernel::AmxBf16
+        } else if has.avx512f && has.avx512bw && has.avx512_bf16 {
             CpuKernel::Avx512Bf16
         } else {
             CpuKernel::Portable
@@ -194,17 +257,28 @@ mod tests {
     fn a_forced_path_that_cannot_run_names_cpu_kernel() {
         // f16 values are not bf16 numbers: refused on every CPU (for lack of the features
         // or of exact products).
-        let e = CpuPath::resolve(CpuKernel::Avx512Bf16, &valid(ModelDtype::F16)).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::InvalidConfig {
-                    field: "cpu_kernel",
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        for forced in [CpuKernel::Avx512Bf16, CpuKernel::AmxBf16] {
+            let e = CpuPath::resolve(forced, &valid(ModelDtype::F16)).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::InvalidConfig {
+                        field: "cpu_kernel",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+        }
+        // Forced where the CPU lacks it, the error lists the features found.
+        if !CpuFeatures::detect().amx_granted {
+            let e = CpuPath::resolve(CpuKernel::AmxBf16, &valid(ModelDtype::Bf16)).unwrap_err();
+            let found = CpuFeatures::detect().to_string();
+            assert!(
+                matches!(e, Error::InvalidConfig { field: "cpu_kernel", ref reason } if reason.contains(&found)),
+                "{e}"
+            );
+        }
         let portable = CpuPath::resolve(CpuKernel::Portable, &valid(ModelDtype::Bf16)).unwrap();
         assert_eq!(portable.kernel(), CpuKernel::Portable);
     }

@@ -5,9 +5,12 @@
 //! - `split`: stage 1, one normalized partial output and LSE per split.
 //! - `combine`: stage 2, the ascending merge into o and lse.
 //! - `kernel`: which stage-1 path runs ([`CpuKernel`], the CPU's [`CpuFeatures`]).
-//! - `split_avx512`, `avx512` (x86-64): stage 1 with AVX-512 BF16 products.
+//! - `split_avx512`, `avx512` (x86-64): stage 1 with AVX-512 BF16 products, or with AMX-BF16
+//!   tile products (`amx`).
 //! - `gemm`: the safe wrapper of the f32 GEMM the portable path's products use.
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod combine;
@@ -129,5 +132,69 @@ impl CpuBackend {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use crate::config::MlaConfig;
+    use crate::dtype::{CacheDtype, KvFormat};
+    use crate::synth::{Outputs, Problem, ProblemSpec};
+    use crate::{Device, MlaDecode};
+
+    /// The whole amx-bf16 work item (keys copied or decoded into whole tiles, q, P^T and V
+    /// padded to whole tiles, the rescale before the tile product) with the scalar model of
+    /// `tdpbf16ps` in place of the AMX unit, against the AVX-512 BF16 path: the same products
+    /// summed in another order. 20 heads (a padded second head tile) and lengths that end in
+    /// partial chunks and partial tiles, for a cache read in place and decoded ones.
+    #[test]
+    fn the_tile_walk_matches_the_avx512_path() {
+        let Some(token) = avx512::Avx512Bf16::detect() else {
+            eprintln!("skipped: this CPU lacks AVX-512 BF16");
+            return;
+        };
+        for (kv, cache) in [
+            (KvFormat::Bf16, CacheDtype::Bf16),
+            (KvFormat::F16, CacheDtype::F16),
+            (KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3),
+        ] {
+            let mut spec = ProblemSpec::new(20, vec![300, 77, 1]);
+            spec.kv_format = kv;
+            spec.page_size = 16;
+            let problem = Problem::generate(&spec).unwrap();
+            let inputs = problem.inputs().unwrap();
+            let mut cfg = MlaConfig::new(20, 192f32.powf(-0.5));
+            cfg.kv_cache_dtype = cache;
+            cfg.tuning.cpu_kernel = CpuKernel::Avx512Bf16;
+            let mut dec = MlaDecode::new(&cfg, Device::Cpu).unwrap();
+            let mut want = Outputs::poisoned(&problem);
+            let plan = dec.forward(&inputs, &mut want.views().unwrap()).unwrap();
+
+            let mut tiles = CpuBackend {
+                workspace: Vec::new(),
+                path: CpuPath::EmulatedTiles(token),
+            };
+            tiles.resize_workspace(plan.workspace_bytes).unwrap();
+            let mut got = Outputs::poisoned(&problem);
+            tiles
+                .forward(&plan, &inputs, &mut got.views().unwrap())
+                .unwrap();
+
+            let (g, w) = (got.o.to_f32(), want.o.to_f32());
+            let err: f64 = g
+                .iter()
+                .zip(&w)
+                .map(|(a, b)| f64::from(a - b).powi(2))
+                .sum();
+            let norm: f64 = w.iter().map(|b| f64::from(*b).powi(2)).sum();
+            assert!(
+                err.sqrt() <= 1e-3 * norm.sqrt(),
+                "{kv:?}: o off by {err} / {norm}"
+            );
+            for (i, (a, b)) in got.lse.iter().zip(&want.lse).enumerate() {
+                assert!((a - b).abs() <= 1e-4, "{kv:?}: lse[{i}] {a} against {b}");
+            }
+        }
     }
 }

@@ -22,6 +22,8 @@ use std::thread::LocalKey;
 
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+use super::amx::TileUnit;
 use super::gemm::{Mat, gemm};
 use super::inputs::HostInputs;
 use super::kernel::CpuPath;
@@ -132,6 +134,7 @@ type Cached<S> = RefCell<Option<([usize; 3], S)>>;
 
 thread_local! {
     static PORTABLE: Cached<Scratch> = const { RefCell::new(None) };
+    /// Both bf16-product paths: the same buffers.
     #[cfg(target_arch = "x86_64")]
     static AVX512: Cached<split_avx512::Scratch> = const { RefCell::new(None) };
 }
@@ -158,19 +161,43 @@ pub fn run(
         ),
         #[cfg(target_arch = "x86_64")]
         CpuPath::Avx512Bf16(token) => {
-            let stage1 = split_avx512::Stage1::new(token, plan, src);
-            let heads = plan.heads.min(HEAD_GROUP);
-            for_each_item(
-                plan,
-                src,
-                part_o,
-                part_lse,
-                &AVX512,
-                || split_avx512::Scratch::new(plan, heads),
-                |sc, row, head0, keys, o, lse| stage1.attend(row, head0, keys, sc, o, lse),
-            )
+            let stage1 = split_avx512::Stage1::new(token, None, plan, src);
+            run_bf16(plan, src, &stage1, part_o, part_lse);
+        }
+        #[cfg(target_arch = "x86_64")]
+        CpuPath::AmxBf16(token) => {
+            let tiles = Some(TileUnit::Amx(token));
+            let stage1 = split_avx512::Stage1::new(token.vectors(), tiles, plan, src);
+            run_bf16(plan, src, &stage1, part_o, part_lse);
+        }
+        #[cfg(all(test, target_arch = "x86_64"))]
+        CpuPath::EmulatedTiles(token) => {
+            let tiles = Some(TileUnit::Scalar);
+            let stage1 = split_avx512::Stage1::new(token, tiles, plan, src);
+            run_bf16(plan, src, &stage1, part_o, part_lse);
         }
     }
+}
+
+/// Stage 1 on a bf16-product path (AVX-512 BF16 vectors or AMX tiles).
+#[cfg(target_arch = "x86_64")]
+fn run_bf16(
+    plan: &DecodePlan,
+    src: &HostInputs<'_>,
+    stage1: &split_avx512::Stage1<'_>,
+    part_o: &mut [f32],
+    part_lse: &mut [f32],
+) {
+    let heads = plan.heads.min(HEAD_GROUP);
+    for_each_item(
+        plan,
+        src,
+        part_o,
+        part_lse,
+        &AVX512,
+        || split_avx512::Scratch::new(plan, heads),
+        |sc, row, head0, keys, o, lse| stage1.attend(row, head0, keys, sc, o, lse),
+    )
 }
 
 /// Runs `item` on every work item (row, split, head group) in parallel, with the scratch of

@@ -1,18 +1,24 @@
-//! Stage 1's work item on the AVX-512 BF16 path: the steps of `split.rs` with bf16 products.
+//! Stage 1's work item on the bf16-product paths (AVX-512 BF16, AMX-BF16): the steps of
+//! `split.rs` with bf16 products.
 //!
 //! Per key chunk of [`KEY_CHUNK`]:
-//! 1. the chunk's key rows as bf16: a bf16 cache is read where it lies, an f16 or fp8 cache
-//!    is decoded into the chunk's buffer (the decoder's values, so the same numbers as every
-//!    other path);
-//! 2. `S^T = K Q^T` with f32 sums (`avx512::scores`);
+//! 1. the chunk's key rows as bf16: a bf16 cache is read where it lies (copied into the
+//!    chunk's buffer on the tile path, whose loads take rows a fixed stride apart), an f16 or
+//!    fp8 cache is decoded into the chunk's buffer (the decoder's values, so the same numbers
+//!    as every other path);
+//! 2. `S^T = K Q^T` with f32 sums (`avx512::scores`, or `amx::product` on tiles);
 //! 3. the online softmax, 16 heads a vector: P rounded to bf16, the row sum unrounded;
-//! 4. `acc = alpha * acc + P V` with V the chunk's rows packed in key pairs.
+//! 4. `acc = alpha * acc + P V` with V the chunk's rows packed in key pairs
+//!    (`avx512::accumulate`, or the rescale then `amx::product` on tiles).
+//!
+//! The two paths differ only in the order of the f32 sums of the products.
 //!
 //! Only the multiplied values are bf16; the sums, partials and LSE stay f32, and a row's
 //! arithmetic depends only on its own keys, so batch invariance holds as on the portable path.
 
 use half::bf16;
 
+use super::amx::{self, TILE, TileUnit};
 use super::avx512::{self, Avx512Bf16, LANES};
 use super::inputs::HostInputs;
 use super::split::SoftmaxState;
@@ -27,6 +33,8 @@ pub const KEY_CHUNK: usize = 128;
 /// bf16.
 pub struct Stage1<'a> {
     token: Avx512Bf16,
+    /// Where the two products run: on AMX tiles, or (None) on AVX-512 vectors.
+    tiles: Option<TileUnit>,
     plan: &'a DecodePlan,
     src: &'a HostInputs<'a>,
     /// The decoder's value of each fp8 byte, as bf16 bits.
@@ -36,7 +44,12 @@ pub struct Stage1<'a> {
 impl<'a> Stage1<'a> {
     /// The work items' view of a decode, with the fp8 table of its decoder (zero for a 16-bit
     /// cache).
-    pub fn new(token: Avx512Bf16, plan: &'a DecodePlan, src: &'a HostInputs<'a>) -> Self {
+    pub fn new(
+        token: Avx512Bf16,
+        tiles: Option<TileUnit>,
+        plan: &'a DecodePlan,
+        src: &'a HostInputs<'a>,
+    ) -> Self {
         let mut fp8 = [0u16; 256];
         if plan.kv_format.is_fp8() {
             for (b, t) in fp8.iter_mut().enumerate() {
@@ -47,6 +60,7 @@ impl<'a> Stage1<'a> {
         }
         Stage1 {
             token,
+            tiles,
             plan,
             src,
             fp8,
@@ -66,28 +80,50 @@ impl<'a> Stage1<'a> {
         let (token, plan) = (self.token, self.plan);
         let hg = lse.len();
         let (hp, lp, pairs) = shape(plan, hg);
+        let kp = pairs.next_multiple_of(TILE);
         let request = row / plan.query_len;
+        // This thread's tiles, configured for the work item and released at its end.
+        let tiles = self.tiles.map(TileUnit::configure);
 
         self.pack_q(row, head0, hg, hp, sc);
         sc.state.reset(hp);
 
         for chunk in (keys.start..keys.end).step_by(KEY_CHUNK) {
             let n = KEY_CHUNK.min(keys.end - chunk);
-            // 1. keys: in place, or decoded into the chunk's buffer
-            let mut rows: [&[u16]; KEY_CHUNK] = [&[]; KEY_CHUNK];
-            let buffers = sc.keys.chunks_exact_mut(2 * pairs);
-            for ((r, buf), pos) in rows.iter_mut().zip(buffers).zip(chunk..chunk + n) {
-                *r = match self.cache_row(request, pos) {
-                    Some(in_cache) => in_cache,
-                    None => {
-                        self.decode_row(request, pos, buf, &mut sc.row);
-                        buf
+            // 1. keys: in place, or decoded into the chunk's buffer ([KEY_CHUNK][2 kp] bf16);
+            //    the tiles read whole tiles of 16 keys: the rows after n are zero
+            let key_buf: &mut [u16] = bytemuck::cast_slice_mut(&mut sc.keys);
+            key_buf[2 * kp * n..2 * kp * n.next_multiple_of(TILE)].fill(0);
+            let mut in_cache: [Option<&[u16]>; KEY_CHUNK] = [None; KEY_CHUNK];
+            let buffers = key_buf.chunks_exact_mut(2 * kp);
+            for ((r, buf), pos) in in_cache.iter_mut().zip(buffers).zip(chunk..chunk + n) {
+                match self.cache_row(request, pos) {
+                    Some(row) if tiles.is_none() => *r = Some(row),
+                    Some(row) => {
+                        let (values, pad) = buf.split_at_mut(row.len());
+                        values.copy_from_slice(row);
+                        pad.fill(0);
                     }
-                };
+                    None => self.decode_row(request, pos, buf, &mut sc.row),
+                }
+            }
+            let key_buf: &[u16] = bytemuck::cast_slice(&sc.keys);
+            let mut rows: [&[u16]; KEY_CHUNK] = [&[]; KEY_CHUNK];
+            let buffers = key_buf.chunks_exact(2 * kp);
+            for ((r, buf), cached) in rows.iter_mut().zip(buffers).zip(&in_cache[..n]) {
+                *r = cached.unwrap_or(buf);
             }
             let rows = &rows[..n];
             // 2. S^T = K Q^T
-            avx512::scores(token, rows, &sc.q, pairs, hp, &mut sc.s);
+            match &tiles {
+                None => avx512::scores(token, rows, &sc.q, pairs, hp, &mut sc.s),
+                Some(tiles) => {
+                    let keys_p = n.next_multiple_of(TILE);
+                    sc.s[..keys_p * hp].fill(0.0);
+                    let shape = [keys_p, hp, kp];
+                    amx::product(tiles, &sc.keys, kp, &sc.q, hp, &mut sc.s, hp, shape);
+                }
+            }
             // 3. online softmax
             avx512::softmax(
                 token,
@@ -103,16 +139,30 @@ impl<'a> Stage1<'a> {
             // 4. acc = alpha * acc + P V
             avx512::pack_values(token, rows, plan.kv_lora_rank, lp, &mut sc.v);
             let key_pairs = n.div_ceil(2);
-            avx512::accumulate(
-                token,
-                &sc.p,
-                &sc.v,
-                key_pairs,
-                hp,
-                lp,
-                &sc.alpha,
-                &mut sc.state.acc,
-            );
+            match &tiles {
+                None => avx512::accumulate(
+                    token,
+                    &sc.p,
+                    &sc.v,
+                    key_pairs,
+                    hp,
+                    lp,
+                    &sc.alpha,
+                    &mut sc.state.acc,
+                ),
+                Some(tiles) => {
+                    // Whole tiles of 16 key pairs: P^T and V zero past the chunk's pairs.
+                    let pairs_p = key_pairs.next_multiple_of(TILE);
+                    sc.v[key_pairs * lp..pairs_p * lp].fill(0);
+                    let ld = KEY_CHUNK / 2;
+                    amx::transpose_pairs(&sc.p, key_pairs, hp, &mut sc.pt, ld);
+                    for (acc, &a) in sc.state.acc.chunks_exact_mut(lp).zip(&sc.alpha) {
+                        acc.iter_mut().for_each(|x| *x *= a);
+                    }
+                    let shape = [hp, lp, pairs_p];
+                    amx::product(tiles, &sc.pt, ld, &sc.v, lp, &mut sc.state.acc, lp, shape);
+                }
+            }
         }
 
         sc.state.write(1.0, plan.kv_lora_rank, o, lse);
@@ -121,6 +171,7 @@ impl<'a> Stage1<'a> {
     /// q of the group's heads as bf16 pairs `[pairs][hp]`, the padding heads and the odd
     /// dimension's partner zero. q holds bf16 values (this path takes a bf16 model dtype), so
     /// the bits are exact.
+    /// The pairs from D / 2 to the q buffer's end stay zero (whole tiles of 16 pairs).
     fn pack_q(&self, row: usize, head0: usize, hg: usize, hp: usize, sc: &mut Scratch) {
         let d = self.plan.head_dim();
         sc.q.fill(0);
@@ -175,11 +226,12 @@ impl<'a> Stage1<'a> {
 }
 
 /// Per-thread buffers of one work item (`hp` heads rounded up to 16, `lp` = L rounded up to
-/// 16, `pairs` = D / 2 rounded up).
+/// 16, `pairs` = D / 2 rounded up, `kp` = pairs rounded up to 16: the tiles' whole steps).
 pub struct Scratch {
-    q: Vec<u32>,         // [pairs][hp]
+    q: Vec<u32>,         // [kp][hp]
     row: Vec<f32>,       // [D]: a q or key row as f32
-    keys: Vec<u16>,      // [KEY_CHUNK][2 * pairs]
+    keys: Vec<u32>,      // [KEY_CHUNK][kp]: bf16 pairs (u32, for the tiles' A operand)
+    pt: Vec<u32>,        // [hp][KEY_CHUNK / 2]: P^T for the tiles
     s: Vec<f32>,         // [KEY_CHUNK][hp]
     p: Vec<u32>,         // [KEY_CHUNK / 2][hp]
     v: Vec<u32>,         // [KEY_CHUNK / 2][lp]
@@ -190,10 +242,12 @@ pub struct Scratch {
 impl Scratch {
     pub fn new(plan: &DecodePlan, heads: usize) -> Self {
         let (hp, lp, pairs) = shape(plan, heads);
+        let kp = pairs.next_multiple_of(TILE);
         Scratch {
-            q: vec![0; pairs * hp],
+            q: vec![0; kp * hp],
             row: vec![0.0; plan.head_dim()],
-            keys: vec![0; KEY_CHUNK * 2 * pairs],
+            keys: vec![0; KEY_CHUNK * kp],
+            pt: vec![0; hp * KEY_CHUNK / 2],
             s: vec![0.0; KEY_CHUNK * hp],
             p: vec![0; KEY_CHUNK / 2 * hp],
             v: vec![0; KEY_CHUNK / 2 * lp],
