@@ -240,23 +240,22 @@ __device__ __forceinline__ void issue(const DecodeParams& p, const TensorMap* ma
     }
 }
 
-/// fp8: N chunks from `chunk` (each one's codes landed at CODES_AT, 64 bytes a key) rewritten
-/// in place as the f16 of their codes, in the 128-byte swizzle, by the 128 threads of
-/// warpgroup `wg` (`wt`: this one's index), fenced for wgmma. Thread wt takes 16-byte pieces wt
-/// and wt + 128 of each chunk's codes (key i / 4, codes 16 (i % 4) ..), each two pieces of f16;
-/// every code is read before a barrier, every f16 written after it (the f16 of a key covers
-/// other keys' codes), and a second barrier publishes them. The time a chunk costs is latency
-/// (the loads' return, the fence's wait for the stores, the barriers: Nsight Compute, NOTES.md),
-/// so chunks are converted in pairs, two chunks a round of loads, fence and barriers.
+/// fp8: the codes of N chunks from `chunk` (each one's landed at CODES_AT, 64 bytes a key),
+/// this thread's share: 16-byte pieces wt and wt + 128 of each (key i / 4, codes 16 (i % 4) ..).
 template <int N>
-__device__ __forceinline__ void codes_to_f16(u32 chunk, int wg, int wt) {
-    u32x4 in[N][2];
+__device__ __forceinline__ void load_codes(u32x4 (&in)[2][2], u32 chunk, int wt) {
 #pragma unroll
     for (int n = 0; n < N; ++n) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) in[n][h] = ld_shared_u32x4(chunk + n * CHUNK_BYTES + CODES_AT + 16 * (wt + 128 * h));
     }
-    named_barrier(1 + wg, 128);
+}
+
+/// fp8: load_codes' pieces written back as f16 in the 128-byte swizzle, each two pieces of f16
+/// in its key's row (over other keys' codes: every thread of the warpgroup must have read its
+/// codes first).
+template <int N>
+__device__ __forceinline__ void store_f16(const u32x4 (&in)[2][2], u32 chunk, int wt) {
     // Key wt / 4 + 32 h swizzles as key wt / 4 (32 rows on), and piece g + 1 (g even) sits at
     // piece g's place with bit 4 flipped (the chunk is 1024-byte aligned).
     const u32 at = chunk + swizzled<BN>(wt / 4, 2 * (wt % 4));
@@ -269,38 +268,71 @@ __device__ __forceinline__ void codes_to_f16(u32 chunk, int wg, int wt) {
             st_shared_u32x4((at ^ 16u) + step, fp8x8_to_f16<KV>(u32x2{in[n][h].z, in[n][h].w}));
         }
     }
+}
+
+/// fp8: the chunk at `chunk` rewritten in place as the f16 of its codes by the 128 threads of
+/// warpgroup `wg` (`wt`: this one's index), fenced for wgmma: every code read before a
+/// barrier, every f16 written after it, and a second barrier publishes them.
+__device__ __forceinline__ void codes_to_f16(u32 chunk, int wg, int wt) {
+    u32x4 in[2][2];
+    load_codes<1>(in, chunk, wt);
+    named_barrier(1 + wg, 128);
+    store_f16<1>(in, chunk, wt);
     fence_proxy_async();
     named_barrier(1 + wg, 128);
 }
 
-/// Chunks a round of scores waits for together: fp8, two (codes_to_f16), but for packed rows
-/// (their masks leave no registers for a second chunk's codes: the f16 variant spilled);
-/// else one, so that each chunk's products start as it lands.
+/// Chunks a round of scores converts together (fp8): two, but for packed rows (their masks
+/// leave no registers for a second chunk's codes: the f16 variant spilled); else one, so that
+/// each chunk's products start as it lands.
 constexpr int SCORE_GROUP = FP8 && !PACK ? 2 : 1;
-static_assert(SCORE_GROUP == 1 || SCORE_GROUP == 2, "chunks one or two at a time");
 
 /// S = Q K^T over chunks [C0, C1) of stage `st` (added to S with ADD, else S starts at C0),
-/// SCORE_GROUP chunks at a time as their copies land (`parity`: the stage's use count % 2), in
-/// the caller's commit group; fp8 codes rewritten as f16 first, by the calling warpgroup `wg`
-/// (`wt`: the thread's index in it).
+/// each as its copies land (`parity`: the stage's use count % 2), in the caller's commit group;
+/// fp8 codes rewritten as f16 first, by the calling warpgroup `wg` (`wt`: the thread's index
+/// in it). Two chunks a round (SCORE_GROUP 2): what a round costs is latency (the loads' return,
+/// the fence's wait for the stores, the barrier: Nsight Compute, NOTES.md), so a round converts
+/// a pair, and reads the next pair's codes before its barrier, which then also stands for
+/// theirs: one barrier a pair, and the loads' latency under the fence's.
 template <int C0, int C1, bool ADD>
 __device__ __forceinline__ void scores(float (&s)[32], const Smem& sm, int st, u32 parity, int wg, int wt) {
+    [[maybe_unused]] u32x4 in[2][2];  // SCORE_GROUP 2: the codes of the pair next converted
 #pragma unroll
     for (int c = C0; c < C1; ++c) {
         if constexpr (SCORE_GROUP == 1) {
             mbar_wait(sm.bar(st, c), parity);
-            if (FP8) codes_to_f16<1>(sm.k(st) + c * CHUNK_BYTES, wg, wt);
+            if (FP8) codes_to_f16(sm.k(st) + c * CHUNK_BYTES, wg, wt);
             // After the (divergent) wait, a fence of our own: else ptxas inserts one where it
             // serializes every wgmma.
             wgmma_fence();
         } else if ((c - C0) % 2 == 0) {
-            mbar_wait(sm.bar(st, c), parity);
-            if (c + 1 < C1) {
-                mbar_wait(sm.bar(st, c + 1), parity);
-                codes_to_f16<2>(sm.k(st) + c * CHUNK_BYTES, wg, wt);
-            } else {
-                codes_to_f16<1>(sm.k(st) + c * CHUNK_BYTES, wg, wt);
+            const u32 chunk = sm.k(st) + c * CHUNK_BYTES;
+            if (c == C0) {
+                mbar_wait(sm.bar(st, c), parity);
+                if (c + 1 < C1) mbar_wait(sm.bar(st, c + 1), parity);
+                if (c + 1 < C1) {
+                    load_codes<2>(in, chunk, wt);
+                } else {
+                    load_codes<1>(in, chunk, wt);
+                }
+                named_barrier(1 + wg, 128);
             }
+            if (c + 1 < C1) {
+                store_f16<2>(in, chunk, wt);
+            } else {
+                store_f16<1>(in, chunk, wt);
+            }
+            if (c + 2 < C1) {
+                mbar_wait(sm.bar(st, c + 2), parity);
+                if (c + 3 < C1) mbar_wait(sm.bar(st, c + 3), parity);
+                if (c + 3 < C1) {
+                    load_codes<2>(in, chunk + 2 * CHUNK_BYTES, wt);
+                } else {
+                    load_codes<1>(in, chunk + 2 * CHUNK_BYTES, wt);
+                }
+            }
+            fence_proxy_async();
+            named_barrier(1 + wg, 128);
             wgmma_fence();
         }
         const u64 qd = opaque(smem_desc(sm.q() + c * CHUNK_BYTES, 16, 1024));
