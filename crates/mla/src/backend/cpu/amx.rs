@@ -14,7 +14,11 @@
 //!
 //! Each 16 x 16 block of C is one tile: loaded, `k / 16` times `tdpbf16ps` with the A tile
 //! (16 rows of 16 pairs, 64 bytes) and the B tile (16 pair rows of 16 columns) of that step,
-//! stored back. Tiles 0 (C), 1 (A), 2 (B) are configured 16 rows of 64 bytes.
+//! stored back. C is walked in blocks of 2 x 2 tiles where it has them ([`Block`]): four C
+//! tiles in flight, each A and B tile loaded once for two products, and four independent
+//! chains of `tdpbf16ps` (one C tile alone waits for each product's latency before the next).
+//! All eight tiles are configured 16 rows of 64 bytes: 0 to 3 the C tiles, 4 and 5 A, 6 and
+//! 7 B.
 #![allow(unsafe_code)]
 
 use std::arch::asm;
@@ -27,6 +31,8 @@ use super::avx512::Avx512Bf16;
 pub const TILE: usize = 16;
 /// Bytes of a tile row.
 const TILE_ROW_BYTES: usize = 64;
+/// Tiles of palette 1.
+const TILES: usize = 8;
 
 /// Proof that this CPU has AMX-TILE and AMX-BF16, that Linux enabled the tile state (XCR0)
 /// and granted it to this process (`arch_prctl`), and the AVX-512 BF16 the rest of the path
@@ -115,8 +121,8 @@ unsafe fn xgetbv0() -> u64 {
     unsafe { std::arch::x86_64::_xgetbv(0) }
 }
 
-/// The 64-byte tile configuration (`ldtilecfg`): palette 1, tiles 0, 1 and 2 of 16 rows of
-/// 64 bytes, the others unused (0 rows, 0 bytes).
+/// The 64-byte tile configuration (`ldtilecfg`): palette 1, its eight tiles of 16 rows of 64
+/// bytes.
 #[repr(C, align(64))]
 pub struct TileConfig(pub [u8; 64]);
 
@@ -124,7 +130,7 @@ impl TileConfig {
     pub fn new() -> Self {
         let mut b = [0u8; 64];
         b[0] = 1; // palette 1; byte 1 (start row) 0
-        for tile in 0..3 {
+        for tile in 0..TILES {
             // colsb: u16 little-endian at 16 + 2 * tile; rows: u8 at 48 + tile
             b[16 + 2 * tile..18 + 2 * tile].copy_from_slice(&(TILE_ROW_BYTES as u16).to_le_bytes());
             b[48 + tile] = TILE as u8;
@@ -192,15 +198,70 @@ struct TileJob {
     b: usize,
 }
 
-/// The blocks of an `[m, n]` C, rows of blocks first (A's rows stay warm across a row).
-fn jobs(m: usize, n: usize, lda: usize, ldc: usize) -> impl Iterator<Item = TileJob> {
-    (0..m).step_by(TILE).flat_map(move |i| {
-        (0..n).step_by(TILE).map(move |j| TileJob {
-            c: i * ldc + j,
-            a: i * lda,
-            b: j,
+/// What one pass of the tile unit computes: one C tile, or a 2 x 2 block of them (C tiles
+/// `[i][j]` at rows `16 i`, columns `16 j` from the first; A tile `i`, B tile `j`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    One(TileJob),
+    Four(TileJob),
+}
+
+impl Block {
+    /// The four C tiles of a 2 x 2 block from `job` (its first), `[i][j]` at index 2 i + j.
+    fn four(job: TileJob, lda: usize, ldc: usize) -> [TileJob; 4] {
+        std::array::from_fn(|t| {
+            let (i, j) = (t / 2, t % 2);
+            TileJob {
+                c: job.c + i * TILE * ldc + j * TILE,
+                a: job.a + i * TILE * lda,
+                b: job.b + j * TILE,
+            }
         })
-    })
+    }
+
+    /// Its C tiles as jobs of their own (what the scalar model and the tests walk).
+    #[cfg(test)]
+    fn tiles(self, lda: usize, ldc: usize) -> Vec<TileJob> {
+        match self {
+            Block::One(job) => vec![job],
+            Block::Four(job) => Block::four(job, lda, ldc).to_vec(),
+        }
+    }
+}
+
+/// The blocks of an `[m, n]` C: 2 x 2 tiles where both dimensions have 32 more, single tiles
+/// along the rest; rows of blocks first (A's rows stay warm across a row).
+fn blocks(m: usize, n: usize, lda: usize, ldc: usize) -> impl Iterator<Item = Block> {
+    let (m2, n2) = (m - m % (2 * TILE), n - n % (2 * TILE));
+    let four = (0..m2).step_by(2 * TILE).flat_map(move |i| {
+        (0..n2).step_by(2 * TILE).map(move |j| {
+            Block::Four(TileJob {
+                c: i * ldc + j,
+                a: i * lda,
+                b: j,
+            })
+        })
+    });
+    // The tiles outside the 2 x 2 blocks: the last columns of their rows, then the last rows.
+    let right = (0..m2).step_by(TILE).flat_map(move |i| {
+        (n2..n).step_by(TILE).map(move |j| {
+            Block::One(TileJob {
+                c: i * ldc + j,
+                a: i * lda,
+                b: j,
+            })
+        })
+    });
+    let below = (m2..m).step_by(TILE).flat_map(move |i| {
+        (0..n).step_by(TILE).map(move |j| {
+            Block::One(TileJob {
+                c: i * ldc + j,
+                a: i * lda,
+                b: j,
+            })
+        })
+    });
+    four.chain(right).chain(below)
 }
 
 /// `c[i][j] += sum_p a[i][p] . b[p][j]` (bf16 pairs, f32 sums) for `[m, n, k]` (multiples of
@@ -229,15 +290,16 @@ pub fn product(
     assert!(n <= ldb && b.len() >= (k - 1) * ldb + n, "product: b");
     assert!(n <= ldc && c.len() >= (m - 1) * ldc + n, "product: c");
     let steps = k / TILE;
-    for job in jobs(m, n, lda, ldc) {
+    for block in blocks(m, n, lda, ldc) {
         match tiles.unit {
-            TileUnit::Amx(_) => {
-                // SAFETY: the token inside `tiles` proves AMX-BF16 and the configuration of
-                // tiles 0..3 on this thread; the asserts above keep every tile inside its
-                // slice: C rows job.c + r * ldc + 0..16, A rows job.a + 16 s + r * lda +
-                // 0..16 and B rows job.b + (16 s + r) * ldb + 0..16 for r < 16, s < steps.
-                unsafe {
-                    tile_dot(
+            // SAFETY: the token inside `tiles` proves AMX-BF16 and the configuration of all
+            // eight tiles on this thread; the asserts above keep every tile inside its slice:
+            // a block's C tiles are whole 16 x 16 tiles of the [m][n] C (`blocks`), so C rows
+            // c + r * ldc + 0..16, A rows a + 16 s + r * lda + 0..16 and B rows b + (16 s + r)
+            // * ldb + 0..16 for r < 16, s < steps, for each of its tiles' (c, a, b).
+            TileUnit::Amx(_) => unsafe {
+                match block {
+                    Block::One(job) => tile_dot(
                         c.as_mut_ptr().add(job.c),
                         4 * ldc,
                         a.as_ptr().add(job.a),
@@ -245,11 +307,29 @@ pub fn product(
                         b.as_ptr().add(job.b),
                         4 * ldb,
                         steps,
-                    )
+                    ),
+                    Block::Four(job) => {
+                        // Tiles [0][0] and [1][0]: the rows of C and A; the right-hand
+                        // tiles are 64 bytes on.
+                        let [t0, _, t1, _] = Block::four(job, lda, ldc);
+                        tile_dot_2x2(
+                            [c.as_mut_ptr().add(t0.c), c.as_mut_ptr().add(t1.c)],
+                            4 * ldc,
+                            [a.as_ptr().add(t0.a), a.as_ptr().add(t1.a)],
+                            4 * lda,
+                            b.as_ptr().add(t0.b),
+                            4 * ldb,
+                            steps,
+                        )
+                    }
+                }
+            },
+            #[cfg(test)]
+            TileUnit::Scalar => {
+                for job in block.tiles(lda, ldc) {
+                    scalar_tile_dot(job, a, lda, b, ldb, c, ldc, steps);
                 }
             }
-            #[cfg(test)]
-            TileUnit::Scalar => scalar_tile_dot(job, a, lda, b, ldb, c, ldc, steps),
         }
     }
 }
@@ -288,6 +368,66 @@ unsafe fn tile_dot(
             c = in(reg) c,
             c_stride = in(reg) c_stride,
             a = inout(reg) a => _,
+            a_stride = in(reg) a_stride,
+            b = inout(reg) b => _,
+            b_stride = in(reg) b_stride,
+            b_step = in(reg) b_step,
+            steps = inout(reg) steps => _,
+            options(nostack),
+        );
+    }
+}
+
+/// A 2 x 2 block of C tiles through `steps` A and B tiles (strides in bytes): C tiles
+/// `[i][j]` at `c[i]` and 64 bytes right of it, A tile `i` at `a[i]`, B tile `j` at `b` and
+/// 64 bytes right of it.
+///
+/// # Safety
+/// AMX-BF16 with the eight tiles configured 16 x 64 bytes on this thread; `steps` > 0; each
+/// `c[i]` reads and writes 16 rows of 128 bytes `c_stride` apart; each `a[i]` reads 16 rows of
+/// `64 * steps` bytes `a_stride` apart; `b` reads `16 * steps` rows of 128 bytes `b_stride`
+/// apart.
+unsafe fn tile_dot_2x2(
+    c: [*mut f32; 2],
+    c_stride: usize,
+    a: [*const u32; 2],
+    a_stride: usize,
+    b: *const u32,
+    b_stride: usize,
+    steps: usize,
+) {
+    let b_step = TILE * b_stride;
+    // SAFETY: the caller's contract; as in tile_dot, each stride register is the SIB index,
+    // and the right-hand tiles are the same rows 64 bytes on (the displacement).
+    unsafe {
+        asm!(
+            "tileloadd tmm0, [{c0} + {c_stride}*1]",
+            "tileloadd tmm1, [{c0} + {c_stride}*1 + 64]",
+            "tileloadd tmm2, [{c1} + {c_stride}*1]",
+            "tileloadd tmm3, [{c1} + {c_stride}*1 + 64]",
+            "2:",
+            "tileloadd tmm4, [{a0} + {a_stride}*1]",
+            "tileloadd tmm6, [{b} + {b_stride}*1]",
+            "tileloadd tmm7, [{b} + {b_stride}*1 + 64]",
+            "tileloadd tmm5, [{a1} + {a_stride}*1]",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            "add {a0}, 64",
+            "add {a1}, 64",
+            "add {b}, {b_step}",
+            "dec {steps}",
+            "jnz 2b",
+            "tilestored [{c0} + {c_stride}*1], tmm0",
+            "tilestored [{c0} + {c_stride}*1 + 64], tmm1",
+            "tilestored [{c1} + {c_stride}*1], tmm2",
+            "tilestored [{c1} + {c_stride}*1 + 64], tmm3",
+            c0 = in(reg) c[0],
+            c1 = in(reg) c[1],
+            c_stride = in(reg) c_stride,
+            a0 = inout(reg) a[0] => _,
+            a1 = inout(reg) a[1] => _,
             a_stride = in(reg) a_stride,
             b = inout(reg) b => _,
             b_stride = in(reg) b_stride,
@@ -348,14 +488,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_configuration_is_palette_1_with_three_full_tiles() {
+    fn the_configuration_is_palette_1_with_eight_full_tiles() {
         let cfg = TileConfig::new().0;
         assert_eq!(cfg[0], 1, "palette");
         assert!(cfg[1..16].iter().all(|&x| x == 0), "start row, reserved");
         for t in 0..16 {
             let colsb = u16::from_le_bytes([cfg[16 + 2 * t], cfg[17 + 2 * t]]);
             let rows = cfg[48 + t];
-            let want = if t < 3 { (64, 16) } else { (0, 0) };
+            let want = if t < TILES { (64, 16) } else { (0, 0) };
             assert_eq!((colsb, rows), want, "tile {t}");
         }
         assert_eq!(std::mem::align_of::<TileConfig>(), 64);
@@ -471,25 +611,28 @@ mod tests {
     }
 
     #[test]
-    fn jobs_cover_c_once_in_tiles() {
-        let (m, n, lda, ldc) = (48, 32, 80, 40);
-        let all: Vec<TileJob> = jobs(m, n, lda, ldc).collect();
-        assert_eq!(all.len(), (m / TILE) * (n / TILE));
-        let mut seen = vec![0u8; m * ldc];
-        for job in &all {
-            let (i, j) = (job.c / ldc, job.c % ldc);
-            assert_eq!((job.a, job.b), (i * lda, j));
-            for r in 0..TILE {
-                for x in 0..TILE {
-                    seen[(i + r) * ldc + j + x] += 1;
+    fn blocks_cover_c_once_in_tiles() {
+        for (m, n) in [(48, 32), (64, 80), (16, 16), (32, 48), (96, 16)] {
+            let (lda, ldc) = (m + 8, n + 8);
+            let all: Vec<Block> = blocks(m, n, lda, ldc).collect();
+            let fours = all.iter().filter(|b| matches!(b, Block::Four(_))).count();
+            assert_eq!(fours, (m / 32) * (n / 32), "{m} x {n}: 2 x 2 blocks");
+            let mut seen = vec![0u8; m * ldc];
+            for job in all.iter().flat_map(|b| b.tiles(lda, ldc)) {
+                let (i, j) = (job.c / ldc, job.c % ldc);
+                assert_eq!((job.a, job.b), (i * lda, j), "{m} x {n}: tile at {i}, {j}");
+                for r in 0..TILE {
+                    for x in 0..TILE {
+                        seen[(i + r) * ldc + j + x] += 1;
+                    }
                 }
             }
-        }
-        for i in 0..m {
-            assert!(
-                seen[i * ldc..i * ldc + n].iter().all(|&x| x == 1),
-                "row {i}"
-            );
+            for i in 0..m {
+                assert!(
+                    seen[i * ldc..i * ldc + n].iter().all(|&x| x == 1),
+                    "{m} x {n}: row {i}"
+                );
+            }
         }
     }
 }
