@@ -337,7 +337,7 @@ pub fn product(
 /// One C tile through `steps` A and B tiles (strides in bytes).
 ///
 /// # Safety
-/// AMX-BF16 with tiles 0, 1, 2 configured 16 x 64 bytes on this thread; `steps` > 0; `c`
+/// AMX-BF16 with the tiles configured 16 x 64 bytes on this thread (it uses 0, 1, 2); `steps` > 0; `c`
 /// reads and writes 16 rows of 64 bytes `c_stride` apart; `a` reads 16 rows of
 /// `64 * steps` bytes `a_stride` apart; `b` reads `16 * steps` rows of 64 bytes `b_stride`
 /// apart.
