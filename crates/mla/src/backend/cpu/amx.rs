@@ -264,8 +264,17 @@ fn blocks(m: usize, n: usize, lda: usize, ldc: usize) -> impl Iterator<Item = Bl
     four.chain(right).chain(below)
 }
 
-/// `c[i][j] += sum_p a[i][p] . b[p][j]` (bf16 pairs, f32 sums) for `[m, n, k]` (multiples of
-/// 16, `k` > 0 pairs), with row strides `lda`, `ldb`, `ldc` in elements.
+/// Where a product's sums start: C's values (`c += a b`), or zero (`c = a b`: C's tiles are
+/// zeroed in the tile unit, never read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CStart {
+    Load,
+    Zero,
+}
+
+/// `c[i][j] = start + sum_p a[i][p] . b[p][j]` (bf16 pairs, f32 sums; `start` C's value or 0,
+/// [`CStart`]) for `[m, n, k]` (multiples of 16, `k` > 0 pairs), with row strides `lda`,
+/// `ldb`, `ldc` in elements.
 ///
 /// # Panics
 /// If a shape is not a multiple of 16 or a slice is shorter than the shapes say (internal
@@ -280,6 +289,7 @@ pub fn product(
     c: &mut [f32],
     ldc: usize,
     [m, n, k]: [usize; 3],
+    start: CStart,
 ) {
     assert!(
         [m, n, k].iter().all(|x| x.is_multiple_of(TILE)) && m > 0 && n > 0 && k > 0,
@@ -300,6 +310,7 @@ pub fn product(
             TileUnit::Amx(_) => unsafe {
                 match block {
                     Block::One(job) => tile_dot(
+                        start,
                         c.as_mut_ptr().add(job.c),
                         4 * ldc,
                         a.as_ptr().add(job.a),
@@ -313,6 +324,7 @@ pub fn product(
                         // tiles are 64 bytes on.
                         let [t0, _, t1, _] = Block::four(job, lda, ldc);
                         tile_dot_2x2(
+                            start,
                             [c.as_mut_ptr().add(t0.c), c.as_mut_ptr().add(t1.c)],
                             4 * ldc,
                             [a.as_ptr().add(t0.a), a.as_ptr().add(t1.a)],
@@ -327,6 +339,11 @@ pub fn product(
             #[cfg(test)]
             TileUnit::Scalar => {
                 for job in block.tiles(lda, ldc) {
+                    if start == CStart::Zero {
+                        for r in 0..TILE {
+                            c[job.c + r * ldc..job.c + r * ldc + TILE].fill(0.0);
+                        }
+                    }
                     scalar_tile_dot(job, a, lda, b, ldb, c, ldc, steps);
                 }
             }
@@ -341,7 +358,9 @@ pub fn product(
 /// reads and writes 16 rows of 64 bytes `c_stride` apart; `a` reads 16 rows of
 /// `64 * steps` bytes `a_stride` apart; `b` reads `16 * steps` rows of 64 bytes `b_stride`
 /// apart.
+#[allow(clippy::too_many_arguments)]
 unsafe fn tile_dot(
+    start: CStart,
     c: *mut f32,
     c_stride: usize,
     a: *const u32,
@@ -352,10 +371,19 @@ unsafe fn tile_dot(
 ) {
     let b_step = TILE * b_stride;
     // SAFETY: the caller's contract; tileloadd/tilestored address rows as base + stride *
-    // row (the stride is the SIB index), so each operand's stride register is the index.
+    // row (the stride is the SIB index), so each operand's stride register is the index. The
+    // tiles keep their values from one asm block to the next (the compiler never uses them).
     unsafe {
+        match start {
+            CStart::Load => asm!(
+                "tileloadd tmm0, [{c} + {c_stride}*1]",
+                c = in(reg) c,
+                c_stride = in(reg) c_stride,
+                options(nostack, readonly),
+            ),
+            CStart::Zero => asm!("tilezero tmm0", options(nostack, nomem)),
+        }
         asm!(
-            "tileloadd tmm0, [{c} + {c_stride}*1]",
             "2:",
             "tileloadd tmm1, [{a} + {a_stride}*1]",
             "tileloadd tmm2, [{b} + {b_stride}*1]",
@@ -387,7 +415,9 @@ unsafe fn tile_dot(
 /// `c[i]` reads and writes 16 rows of 128 bytes `c_stride` apart; each `a[i]` reads 16 rows of
 /// `64 * steps` bytes `a_stride` apart; `b` reads `16 * steps` rows of 128 bytes `b_stride`
 /// apart.
+#[allow(clippy::too_many_arguments)]
 unsafe fn tile_dot_2x2(
+    start: CStart,
     c: [*mut f32; 2],
     c_stride: usize,
     a: [*const u32; 2],
@@ -400,11 +430,26 @@ unsafe fn tile_dot_2x2(
     // SAFETY: the caller's contract; as in tile_dot, each stride register is the SIB index,
     // and the right-hand tiles are the same rows 64 bytes on (the displacement).
     unsafe {
+        match start {
+            CStart::Load => asm!(
+                "tileloadd tmm0, [{c0} + {c_stride}*1]",
+                "tileloadd tmm1, [{c0} + {c_stride}*1 + 64]",
+                "tileloadd tmm2, [{c1} + {c_stride}*1]",
+                "tileloadd tmm3, [{c1} + {c_stride}*1 + 64]",
+                c0 = in(reg) c[0],
+                c1 = in(reg) c[1],
+                c_stride = in(reg) c_stride,
+                options(nostack, readonly),
+            ),
+            CStart::Zero => asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem)
+            ),
+        }
         asm!(
-            "tileloadd tmm0, [{c0} + {c_stride}*1]",
-            "tileloadd tmm1, [{c0} + {c_stride}*1 + 64]",
-            "tileloadd tmm2, [{c1} + {c_stride}*1]",
-            "tileloadd tmm3, [{c1} + {c_stride}*1 + 64]",
             "2:",
             "tileloadd tmm4, [{a0} + {a_stride}*1]",
             "tileloadd tmm6, [{b} + {b_stride}*1]",
@@ -534,7 +579,8 @@ mod tests {
                 q[p * hp + h] = pair(qv(h, 2 * p), qv(h, 2 * p + 1));
             }
         }
-        let mut s = vec![0f32; keys_p * hp];
+        // S starts from zero whatever it held: NaN there would show in every score.
+        let mut s = vec![f32::NAN; keys_p * hp];
         product(
             &tiles,
             &k,
@@ -544,6 +590,7 @@ mod tests {
             &mut s,
             hp,
             [keys_p, hp, pairs_p],
+            CStart::Zero,
         );
         for j in 0..keys_p {
             for h in 0..hp {
@@ -581,7 +628,17 @@ mod tests {
         }
         let acc0 = |h: usize, c: usize| (h * 3 + c) as f32 / 16.0;
         let mut acc: Vec<f32> = (0..hp * lp).map(|i| acc0(i / lp, i % lp)).collect();
-        product(&tiles, &pt, kp_p, &v, lp, &mut acc, lp, [hp, lp, kp_p]);
+        product(
+            &tiles,
+            &pt,
+            kp_p,
+            &v,
+            lp,
+            &mut acc,
+            lp,
+            [hp, lp, kp_p],
+            CStart::Load,
+        );
         for h in 0..hp {
             for c in 0..lp {
                 let dot: f64 = (0..keys)

@@ -18,7 +18,7 @@
 
 use half::bf16;
 
-use super::amx::{self, TILE, TileUnit};
+use super::amx::{self, CStart, TILE, TileUnit};
 use super::avx512::{self, Avx512Bf16, LANES};
 use super::inputs::HostInputs;
 use super::split::SoftmaxState;
@@ -118,10 +118,9 @@ impl<'a> Stage1<'a> {
             match &tiles {
                 None => avx512::scores(token, rows, &sc.q, pairs, hp, &mut sc.s),
                 Some(tiles) => {
-                    let keys_p = n.next_multiple_of(TILE);
-                    sc.s[..keys_p * hp].fill(0.0);
-                    let shape = [keys_p, hp, kp];
-                    amx::product(tiles, &sc.keys, kp, &sc.q, hp, &mut sc.s, hp, shape);
+                    let shape = [n.next_multiple_of(TILE), hp, kp];
+                    let (keys, q, s) = (&sc.keys, &sc.q, &mut sc.s);
+                    amx::product(tiles, keys, kp, q, hp, s, hp, shape, CStart::Zero);
                 }
             }
             // 3. online softmax
@@ -156,11 +155,16 @@ impl<'a> Stage1<'a> {
                     sc.v[key_pairs * lp..pairs_p * lp].fill(0);
                     let ld = KEY_CHUNK / 2;
                     amx::transpose_pairs(&sc.p, key_pairs, hp, &mut sc.pt, ld);
+                    // A head whose running max did not move keeps its sums as they are
+                    // (x * 1 is x): most heads, after the first chunks.
                     for (acc, &a) in sc.state.acc.chunks_exact_mut(lp).zip(&sc.alpha) {
-                        acc.iter_mut().for_each(|x| *x *= a);
+                        if a != 1.0 {
+                            acc.iter_mut().for_each(|x| *x *= a);
+                        }
                     }
                     let shape = [hp, lp, pairs_p];
-                    amx::product(tiles, &sc.pt, ld, &sc.v, lp, &mut sc.state.acc, lp, shape);
+                    let (pt, v, acc) = (&sc.pt, &sc.v, &mut sc.state.acc);
+                    amx::product(tiles, pt, ld, v, lp, acc, lp, shape, CStart::Load);
                 }
             }
         }
