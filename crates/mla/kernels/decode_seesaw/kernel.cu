@@ -49,10 +49,11 @@
  * fp8 caches (MLA_KV 2, 3): each chunk's codes land by TMA, unswizzled, in the upper half of
  * the chunk's place, and the warpgroup whose scores wait for the chunk rewrites it there as
  * the f16 of its codes in the 128-byte swizzle (every code read, a barrier, every f16
- * written), the tile then multiplied as a cache in the model dtype: the same two-tile order
- * and the same tensor-core work as a 16-bit cache, for half its bytes. The products run in
- * f16, as the other kernels' fp8 paths do (common/fp8.cuh, "Products in f16"): q rewritten
- * once as f16 times a power of two, P rounded to f16, k_scale on the scores and the output.
+ * written; two chunks a round, scores()), the tile then multiplied as a cache in the model
+ * dtype: the same two-tile order and the same tensor-core work as a 16-bit cache, for half
+ * its bytes. The products run in f16, as the other kernels' fp8 paths do (common/fp8.cuh,
+ * "Products in f16"): q rewritten once as f16 times a power of two, P rounded to f16,
+ * k_scale on the scores and the output.
  *
  * Registers are what the design is held to: the outputs take 128 a thread, a tile's scores
  * 32. Shared memory is reached through 32-bit addresses from a base made opaque every step
