@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds, on a CPU machine, everything the GPU machine runs, into gpu-bin/ (ignored):
 #   gpu-bin/mla            the CLI (release)
+#   gpu-bin/mla-phases     the CLI with the CPU phase timer (feature cpu-phase-times)
 #   gpu-bin/tests/<name>   the release test binaries that touch the GPU (run.sh runs each),
 #                          and cpu_contract for the host CPU's amx-bf16 path (an Intel Xeon
 #                          with AMX-BF16): MLA_REQUIRE_AMX=1 gpu-bin/tests/cpu_contract
@@ -19,6 +20,10 @@ mkdir -p "$out/tests"
 # The CLI with decode context parallelism (NCCL is loaded at run time, only by --dcp).
 cargo build --release -p mla-cli --features nccl
 cp target/release/mla "$out/mla"
+# The same CLI timing the CPU stage 1 by phase (the GPU machines' hosts, which have AMX, have no
+# profiler): gpu-bin/mla-phases bench --backend cpu ... prints the phases.
+cargo build --release -p mla-cli --features nccl,cpu-phase-times
+cp target/release/mla "$out/mla-phases"
 
 # The test binaries, by name (cargo prints their paths as JSON).
 tests=(cuda_contract cuda_runtime cuda_batch_invariance cuda_sanitize cuda_schedule cuda_nan errors dcp_gpu cpu_contract)

@@ -460,18 +460,46 @@ fn time_cpu(dec: &mut MlaDecode, problem: &Problem, iters: usize) -> mla::Result
     let mut out = Outputs::poisoned(problem);
     let plan = dec.forward(&inputs, &mut out.views()?)?;
     let (o, lse) = (out.o.to_f32(), out.lse.clone());
+    #[cfg(feature = "cpu-phase-times")]
+    let _ = mla::cpu_phase_times(); // the checked run's phases are not the timed runs'
     let mut times = Vec::with_capacity(iters);
     for _ in 0..iters {
         let t = Instant::now();
         dec.forward(&inputs, &mut out.views()?)?;
         times.push(t.elapsed().as_secs_f64());
     }
+    #[cfg(feature = "cpu-phase-times")]
+    print_phases(iters);
     Ok(Timed {
         plan,
         o,
         lse,
         secs: median(times),
     })
+}
+
+/// The CPU stage 1's time by phase over the timed runs, per decode (every thread's time
+/// added, so the total is about the threads times the stage's wall time), to stderr.
+#[cfg(feature = "cpu-phase-times")]
+fn print_phases(iters: usize) {
+    let phases = mla::cpu_phase_times();
+    let total: f64 = phases.iter().map(|(_, d)| d.as_secs_f64()).sum();
+    let parts: Vec<String> = phases
+        .iter()
+        .map(|(p, d)| {
+            let s = d.as_secs_f64();
+            let share = if total > 0.0 { 100.0 * s / total } else { 0.0 };
+            format!(
+                "{} {:.2} ms ({share:.0}%)",
+                p.name(),
+                1e3 * s / iters as f64
+            )
+        })
+        .collect();
+    eprintln!(
+        "stage-1 phases, all threads, per decode: {}",
+        parts.join(", ")
+    );
 }
 
 /// Bytes a decode must move (each request's keys once, q in, o out) and the FLOPs of its two

@@ -81,6 +81,10 @@ pub mod tensor;
 
 pub use args::{DecodeInputs, DecodeOutputs, Mask, Query};
 pub use backend::Device;
+/// Development: the CPU stage 1's time by phase since the last call (every thread's time
+/// added), each total reset; `mla bench --backend cpu` prints it.
+#[cfg(feature = "cpu-phase-times")]
+pub use backend::cpu::phases::{Phase as CpuPhase, take as cpu_phase_times};
 pub use backend::cpu::{CpuFeatures, CpuKernel};
 pub use config::{AttentionType, DeviceInfo, MlaConfig, ScheduleCosts, Tuning, ValidConfig};
 pub use decode::MlaDecode;

@@ -8,6 +8,7 @@
 //! - `split_avx512`, `avx512` (x86-64): stage 1 with AVX-512 BF16 products, or with AMX-BF16
 //!   tile products (`amx`).
 //! - `gemm`: the safe wrapper of the f32 GEMM the portable path's products use.
+//! - `phases`: the work item's time by phase (development feature `cpu-phase-times`).
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
@@ -17,6 +18,7 @@ mod combine;
 mod gemm;
 mod inputs;
 mod kernel;
+pub(crate) mod phases;
 mod split;
 #[cfg(target_arch = "x86_64")]
 mod split_avx512;

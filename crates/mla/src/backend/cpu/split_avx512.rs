@@ -21,6 +21,7 @@ use half::bf16;
 use super::amx::{self, CStart, TILE, TileUnit};
 use super::avx512::{self, Avx512Bf16, LANES};
 use super::inputs::HostInputs;
+use super::phases::{Clock, Phase};
 use super::split::SoftmaxState;
 use crate::dtype::KvFormat;
 use crate::plan::{DecodePlan, KeyRange};
@@ -87,6 +88,7 @@ impl<'a> Stage1<'a> {
 
         self.pack_q(row, head0, hg, hp, sc);
         sc.state.reset(hp);
+        let mut clock = Clock::start();
 
         for chunk in (keys.start..keys.end).step_by(KEY_CHUNK) {
             let n = KEY_CHUNK.min(keys.end - chunk);
@@ -114,6 +116,7 @@ impl<'a> Stage1<'a> {
                 *r = cached.unwrap_or(buf);
             }
             let rows = &rows[..n];
+            clock.lap(Phase::Keys);
             // 2. S^T = K Q^T
             match &tiles {
                 None => avx512::scores(token, rows, &sc.q, pairs, hp, &mut sc.s),
@@ -123,6 +126,7 @@ impl<'a> Stage1<'a> {
                     amx::product(tiles, keys, kp, q, hp, s, hp, shape, CStart::Zero);
                 }
             }
+            clock.lap(Phase::Scores);
             // 3. online softmax
             avx512::softmax(
                 token,
@@ -135,8 +139,10 @@ impl<'a> Stage1<'a> {
                 &mut sc.alpha,
                 &mut sc.p,
             );
+            clock.lap(Phase::Softmax);
             // 4. acc = alpha * acc + P V
             avx512::pack_values(token, rows, plan.kv_lora_rank, lp, &mut sc.v);
+            clock.lap(Phase::Values);
             let key_pairs = n.div_ceil(2);
             match &tiles {
                 None => avx512::accumulate(
@@ -162,11 +168,13 @@ impl<'a> Stage1<'a> {
                             acc.iter_mut().for_each(|x| *x *= a);
                         }
                     }
+                    clock.lap(Phase::Transpose);
                     let shape = [hp, lp, pairs_p];
                     let (pt, v, acc) = (&sc.pt, &sc.v, &mut sc.state.acc);
                     amx::product(tiles, pt, ld, v, lp, acc, lp, shape, CStart::Load);
                 }
             }
+            clock.lap(Phase::Pv);
         }
 
         sc.state.write(1.0, plan.kv_lora_rank, o, lse);
