@@ -62,6 +62,11 @@ pub fn scores(
     assert!(rows.iter().all(|r| r.len() >= 2 * pairs), "scores: rows");
     let vectors = hp / LANES;
     for (j0, chunk) in rows.chunks(TILE_KEYS).enumerate() {
+        // The next tile's rows on their way while this one is multiplied: rows read where
+        // they lie in the cache come from DRAM (NOTES.md).
+        for row in rows.iter().skip((j0 + 1) * TILE_KEYS).take(TILE_KEYS) {
+            prefetch_l2(bytemuck::cast_slice(&row[..2 * pairs]));
+        }
         let mut tile = [chunk[0].as_ptr(); TILE_KEYS];
         for (t, r) in tile.iter_mut().zip(chunk) {
             *t = r.as_ptr();
@@ -379,6 +384,15 @@ unsafe fn convert_f16(src: *const u16, dst: *mut u16, mask: u16) {
     let h = unsafe { _mm256_maskz_loadu_epi16(mask, src.cast()) };
     let bits = round_bf16_nan(_mm512_cvtph_ps(h));
     unsafe { _mm256_mask_storeu_epi16(dst.cast(), mask, _mm512_cvtepi32_epi16(bits)) };
+}
+
+/// Asks for `bytes` to be brought into L2, a 64-byte line at a time, ahead of their use.
+fn prefetch_l2(bytes: &[u8]) {
+    for line in bytes.chunks(64) {
+        // SAFETY: a prefetch is a hint: it reads nothing into the program and never faults;
+        // the address is inside a live slice. SSE is part of x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
+    }
 }
 
 /// fp8 bytes through a 256-entry table of bf16 bits (the decoder's values), 32 at a time:
