@@ -9,6 +9,8 @@
 //!   tile products (`amx`).
 //! - `gemm`: the safe wrapper of the f32 GEMM the portable path's products use.
 //! - `phases`: the work item's time by phase (development feature `cpu-phase-times`).
+//!
+//! NOTES.md beside this file: where the time goes, what was tried.
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
