@@ -49,7 +49,7 @@ tail -n 1 "$out/precompile.txt"
 # The Python module, for its pytest suite and the in-process side-by-side benchmark.
 scripts/py/wheel.sh "$out/wheels"
 
-strip --strip-debug "$out/mla" "$out"/tests/* 2>/dev/null || true
+strip --strip-debug "$out/mla" "$out/mla-phases" "$out"/tests/* 2>/dev/null || true
 if [ -d .anchors ] && [ -f ../shared/bench/anchors.py ]; then
   cp ../shared/bench/anchors.py .anchors/
 fi
