@@ -19,7 +19,7 @@
 use half::bf16;
 
 use super::amx::{self, CStart, TILE, TileUnit};
-use super::avx512::{self, Avx512Bf16, LANES};
+use super::avx512::{self, Avx512Bf16, Fp8Table, LANES};
 use super::inputs::HostInputs;
 use super::phases::{Clock, Phase};
 use super::split::SoftmaxState;
@@ -39,7 +39,7 @@ pub struct Stage1<'a> {
     plan: &'a DecodePlan,
     src: &'a HostInputs<'a>,
     /// The decoder's value of each fp8 byte, as bf16 bits.
-    fp8: [u16; 256],
+    fp8: Fp8Table,
 }
 
 impl<'a> Stage1<'a> {
@@ -64,7 +64,7 @@ impl<'a> Stage1<'a> {
             tiles,
             plan,
             src,
-            fp8,
+            fp8: Fp8Table::new(fp8),
         }
     }
 
