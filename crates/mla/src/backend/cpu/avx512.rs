@@ -441,22 +441,37 @@ pub fn fp8_to_bf16(_: Avx512Bf16, table: &Fp8Table, src: &[u8], dst: &mut [u16])
     }
 }
 
+/// The bytes at `src` (the lanes `mask` selects, zero elsewhere) as 16-bit indices.
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX-512BW; `src` holds the lanes `mask` selects.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn fp8_indices(src: *const u8, mask: u32) -> __m512i {
+    _mm512_cvtepu8_epi16(unsafe { _mm256_maskz_loadu_epi8(mask, src.cast()) })
+}
+
+/// Entries `128 h + (idx & 127)` of the table: two 64-entry permutes by the low six bits,
+/// chosen by bit 6.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn table_half(table: &[u16; 256], h: usize, idx: __m512i) -> __m512i {
+    // SAFETY: 32 entries from 128 h + 32 i, i < 4, h < 2: inside the 256.
+    let t = |i: usize| unsafe { _mm512_loadu_si512(table.as_ptr().add(128 * h + 32 * i).cast()) };
+    let low = _mm512_permutex2var_epi16(t(0), idx, t(1));
+    let high = _mm512_permutex2var_epi16(t(2), idx, t(3));
+    _mm512_mask_blend_epi16(
+        _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x40)),
+        low,
+        high,
+    )
+}
+
 /// # Safety
 /// The CPU has AVX-512F and AVX-512BW; `src` and `dst` hold the lanes `mask` selects.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn lookup_fp8(table: &[u16; 256], src: *const u8, dst: *mut u16, mask: u32) {
-    let t = |i: usize| unsafe { _mm512_loadu_si512(table.as_ptr().add(32 * i).cast()) };
-    let idx = _mm512_cvtepu8_epi16(unsafe { _mm256_maskz_loadu_epi8(mask, src.cast()) });
-    // Entries 0..64 and 64..128 by the low six bits, then 128..192 and 192..256.
-    let low = _mm512_permutex2var_epi16(t(0), idx, t(1));
-    let low2 = _mm512_permutex2var_epi16(t(2), idx, t(3));
-    let high = _mm512_permutex2var_epi16(t(4), idx, t(5));
-    let high2 = _mm512_permutex2var_epi16(t(6), idx, t(7));
-    let bit6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x40));
+    let idx = unsafe { fp8_indices(src, mask) };
     let bit7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x80));
-    let under = _mm512_mask_blend_epi16(bit6, low, low2);
-    let over = _mm512_mask_blend_epi16(bit6, high, high2);
-    let out = _mm512_mask_blend_epi16(bit7, under, over);
+    let out = _mm512_mask_blend_epi16(bit7, table_half(table, 0, idx), table_half(table, 1, idx));
     unsafe { _mm512_mask_storeu_epi16(dst.cast(), mask, out) };
 }
 
@@ -466,15 +481,14 @@ unsafe fn lookup_fp8(table: &[u16; 256], src: *const u8, dst: *mut u16, mask: u3
 /// As lookup_fp8.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn lookup_fp8_symmetric(table: &[u16; 256], src: *const u8, dst: *mut u16, mask: u32) {
-    let t = |i: usize| unsafe { _mm512_loadu_si512(table.as_ptr().add(32 * i).cast()) };
-    let idx = _mm512_cvtepu8_epi16(unsafe { _mm256_maskz_loadu_epi8(mask, src.cast()) });
-    let low = _mm512_permutex2var_epi16(t(0), idx, t(1));
-    let low2 = _mm512_permutex2var_epi16(t(2), idx, t(3));
-    let bit6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x40));
-    let magnitude = _mm512_mask_blend_epi16(bit6, low, low2);
+    let idx = unsafe { fp8_indices(src, mask) };
     // out = magnitude ^ (bit 7 moved to bit 15): A ^ (B & C) is 0x78.
     let sign = _mm512_slli_epi16::<8>(idx);
-    let out = _mm512_ternarylogic_epi32::<0x78>(magnitude, sign, _mm512_set1_epi16(i16::MIN));
+    let out = _mm512_ternarylogic_epi32::<0x78>(
+        table_half(table, 0, idx),
+        sign,
+        _mm512_set1_epi16(i16::MIN),
+    );
     unsafe { _mm512_mask_storeu_epi16(dst.cast(), mask, out) };
 }
 
