@@ -241,34 +241,43 @@ __device__ __forceinline__ void issue(const DecodeParams& p, const TensorMap* ma
     }
 }
 
-/// fp8: the codes of N chunks from `chunk` (each one's landed at CODES_AT, 64 bytes a key),
-/// this thread's share: 16-byte pieces wt and wt + 128 of each (key i / 4, codes 16 (i % 4) ..).
-template <int N>
-__device__ __forceinline__ void load_codes(u32x4 (&in)[2][2], u32 chunk, int wt) {
+/// fp8: the codes of `n` (1 or 2, known once the loop is unrolled) chunks from `chunk`, each
+/// one's landed at CODES_AT, 64 bytes a key: this thread's share, 16-byte pieces wt and
+/// wt + 128 of each (key i / 4, codes 16 (i % 4) ..).
+__device__ __forceinline__ void load_codes(u32x4 (&in)[2][2], u32 chunk, int wt, int n) {
 #pragma unroll
-    for (int n = 0; n < N; ++n) {
+    for (int i = 0; i < 2; ++i) {
+        if (i < n) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) in[n][h] = ld_shared_u32x4(chunk + n * CHUNK_BYTES + CODES_AT + 16 * (wt + 128 * h));
+            for (int h = 0; h < 2; ++h) in[i][h] = ld_shared_u32x4(chunk + i * CHUNK_BYTES + CODES_AT + 16 * (wt + 128 * h));
+        }
     }
 }
 
-/// fp8: load_codes' pieces written back as f16 in the 128-byte swizzle, each two pieces of f16
-/// in its key's row (over other keys' codes: every thread of the warpgroup must have read its
-/// codes first).
-template <int N>
-__device__ __forceinline__ void store_f16(const u32x4 (&in)[2][2], u32 chunk, int wt) {
+/// fp8: load_codes' pieces of `n` chunks written back as f16 in the 128-byte swizzle, each two
+/// pieces of f16 in its key's row (over other keys' codes: every thread of the warpgroup must
+/// have read its codes first).
+__device__ __forceinline__ void store_f16(const u32x4 (&in)[2][2], u32 chunk, int wt, int n) {
     // Key wt / 4 + 32 h swizzles as key wt / 4 (32 rows on), and piece g + 1 (g even) sits at
     // piece g's place with bit 4 flipped (the chunk is 1024-byte aligned).
     const u32 at = chunk + swizzled<BN>(wt / 4, 2 * (wt % 4));
 #pragma unroll
-    for (int n = 0; n < N; ++n) {
+    for (int i = 0; i < 2; ++i) {
+        if (i < n) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const u32 step = n * CHUNK_BYTES + h * 32 * 128;
-            st_shared_u32x4(at + step, fp8x8_to_f16<KV>(u32x2{in[n][h].x, in[n][h].y}));
-            st_shared_u32x4((at ^ 16u) + step, fp8x8_to_f16<KV>(u32x2{in[n][h].z, in[n][h].w}));
+            for (int h = 0; h < 2; ++h) {
+                const u32 step = i * CHUNK_BYTES + h * 32 * 128;
+                st_shared_u32x4(at + step, fp8x8_to_f16<KV>(u32x2{in[i][h].x, in[i][h].y}));
+                st_shared_u32x4((at ^ 16u) + step, fp8x8_to_f16<KV>(u32x2{in[i][h].z, in[i][h].w}));
+            }
         }
     }
+}
+
+/// The copies of `n` chunks from chunk `c` of stage `st` landed.
+__device__ __forceinline__ void wait_chunks(const Smem& sm, int st, int c, int n, u32 parity) {
+#pragma unroll
+    for (int i = 0; i < n; ++i) mbar_wait(sm.bar(st, c + i), parity);
 }
 
 /// fp8: the chunk at `chunk` rewritten in place as the f16 of its codes by the 128 threads of
@@ -276,9 +285,9 @@ __device__ __forceinline__ void store_f16(const u32x4 (&in)[2][2], u32 chunk, in
 /// barrier, every f16 written after it, and a second barrier publishes them.
 __device__ __forceinline__ void codes_to_f16(u32 chunk, int wg, int wt) {
     u32x4 in[2][2];
-    load_codes<1>(in, chunk, wt);
+    load_codes(in, chunk, wt, 1);
     named_barrier(1 + wg, 128);
-    store_f16<1>(in, chunk, wt);
+    store_f16(in, chunk, wt, 1);
     fence_proxy_async();
     named_barrier(1 + wg, 128);
 }
@@ -307,30 +316,18 @@ __device__ __forceinline__ void scores(float (&s)[32], const Smem& sm, int st, u
             // serializes every wgmma.
             wgmma_fence();
         } else if ((c - C0) % 2 == 0) {
+            // This pair's chunks and the next pair's (1 or 2 each, 0 past C1).
             const u32 chunk = sm.k(st) + c * CHUNK_BYTES;
+            const int n = min(2, C1 - c), next = min(2, C1 - c - 2);
             if (c == C0) {
-                mbar_wait(sm.bar(st, c), parity);
-                if (c + 1 < C1) mbar_wait(sm.bar(st, c + 1), parity);
-                if (c + 1 < C1) {
-                    load_codes<2>(in, chunk, wt);
-                } else {
-                    load_codes<1>(in, chunk, wt);
-                }
+                wait_chunks(sm, st, c, n, parity);
+                load_codes(in, chunk, wt, n);
                 named_barrier(1 + wg, 128);
             }
-            if (c + 1 < C1) {
-                store_f16<2>(in, chunk, wt);
-            } else {
-                store_f16<1>(in, chunk, wt);
-            }
-            if (c + 2 < C1) {
-                mbar_wait(sm.bar(st, c + 2), parity);
-                if (c + 3 < C1) mbar_wait(sm.bar(st, c + 3), parity);
-                if (c + 3 < C1) {
-                    load_codes<2>(in, chunk + 2 * CHUNK_BYTES, wt);
-                } else {
-                    load_codes<1>(in, chunk + 2 * CHUNK_BYTES, wt);
-                }
+            store_f16(in, chunk, wt, n);
+            if (next > 0) {
+                wait_chunks(sm, st, c + 2, next, parity);
+                load_codes(in, chunk + 2 * CHUNK_BYTES, wt, next);
             }
             fence_proxy_async();
             named_barrier(1 + wg, 128);
