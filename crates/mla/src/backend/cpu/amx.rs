@@ -49,7 +49,10 @@ impl AmxBf16 {
         static GRANTED: OnceLock<bool> = OnceLock::new();
         let vectors = Avx512Bf16::detect()?;
         GRANTED
-            .get_or_init(|| amx_in_cpuid() && tile_data_permitted() && tile_state_in_xcr0())
+            .get_or_init(|| {
+                let cpu = AmxCpuid::read();
+                cpu.tile && cpu.bf16 && tile_data_permitted() && tile_state_in_xcr0()
+            })
             .then_some(AmxBf16 { vectors })
     }
 
@@ -59,14 +62,26 @@ impl AmxBf16 {
     }
 }
 
-/// CPUID leaf 7: AMX-BF16 is EDX bit 22, AMX-TILE bit 24.
-pub fn amx_in_cpuid() -> bool {
-    use std::arch::x86_64::__cpuid_count;
-    const AMX_BF16: u32 = 1 << 22;
-    const AMX_TILE: u32 = 1 << 24;
-    __cpuid_count(0, 0).eax >= 7 && {
-        let edx = __cpuid_count(7, 0).edx;
-        edx & AMX_BF16 != 0 && edx & AMX_TILE != 0
+/// What CPUID says of AMX (leaf 7's EDX: AMX-TILE bit 24, AMX-BF16 bit 22; std's detection of
+/// them is not stable yet). Only the CPU's word: Linux must still grant the tile state.
+#[derive(Debug, Clone, Copy)]
+pub struct AmxCpuid {
+    pub tile: bool,
+    pub bf16: bool,
+}
+
+impl AmxCpuid {
+    pub fn read() -> Self {
+        use std::arch::x86_64::__cpuid_count;
+        let edx = if __cpuid_count(0, 0).eax >= 7 {
+            __cpuid_count(7, 0).edx
+        } else {
+            0
+        };
+        AmxCpuid {
+            tile: edx & (1 << 24) != 0,
+            bf16: edx & (1 << 22) != 0,
+        }
     }
 }
 

@@ -7,7 +7,7 @@
 use std::fmt;
 
 #[cfg(target_arch = "x86_64")]
-use super::amx::AmxBf16;
+use super::amx::{AmxBf16, AmxCpuid};
 #[cfg(target_arch = "x86_64")]
 use super::avx512::Avx512Bf16;
 use crate::config::ValidConfig;
@@ -40,13 +40,14 @@ impl CpuFeatures {
     pub fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
+            let amx = AmxCpuid::read();
             CpuFeatures {
                 avx2_fma: is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
                 avx512f: is_x86_feature_detected!("avx512f"),
                 avx512bw: is_x86_feature_detected!("avx512bw"),
                 avx512_bf16: is_x86_feature_detected!("avx512bf16"),
-                amx_tile: cpuid_leaf7_edx() & (1 << 24) != 0,
-                amx_bf16: cpuid_leaf7_edx() & (1 << 22) != 0,
+                amx_tile: amx.tile,
+                amx_bf16: amx.bf16,
                 amx_granted: AmxBf16::detect().is_some(),
             }
         }
@@ -60,19 +61,6 @@ impl CpuFeatures {
             amx_bf16: false,
             amx_granted: false,
         }
-    }
-}
-
-/// CPUID leaf 7's EDX: AMX-BF16 is bit 22, AMX-TILE bit 24 (std's detection of them is not
-/// stable yet). Only the CPU's word: Linux must still grant the tile state (`arch_prctl`)
-/// before a program may use it.
-#[cfg(target_arch = "x86_64")]
-fn cpuid_leaf7_edx() -> u32 {
-    use std::arch::x86_64::__cpuid_count;
-    if __cpuid_count(0, 0).eax >= 7 {
-        __cpuid_count(7, 0).edx
-    } else {
-        0
     }
 }
 
