@@ -24,6 +24,8 @@ use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 use super::amx::TileUnit;
+#[cfg(target_arch = "x86_64")]
+use super::avx512::Avx512Bf16;
 use super::gemm::{Mat, gemm};
 use super::inputs::HostInputs;
 use super::kernel::CpuPath;
@@ -160,34 +162,30 @@ pub fn run(
             |sc, row, head0, keys, o, lse| attend(plan, src, row, head0, keys, sc, o, lse),
         ),
         #[cfg(target_arch = "x86_64")]
-        CpuPath::Avx512Bf16(token) => {
-            let stage1 = split_avx512::Stage1::new(token, None, plan, src);
-            run_bf16(plan, src, &stage1, part_o, part_lse);
-        }
+        CpuPath::Avx512Bf16(token) => run_bf16(plan, src, token, None, part_o, part_lse),
         #[cfg(target_arch = "x86_64")]
         CpuPath::AmxBf16(token) => {
             let tiles = Some(TileUnit::Amx(token));
-            let stage1 = split_avx512::Stage1::new(token.vectors(), tiles, plan, src);
-            run_bf16(plan, src, &stage1, part_o, part_lse);
+            run_bf16(plan, src, token.vectors(), tiles, part_o, part_lse)
         }
         #[cfg(all(test, target_arch = "x86_64"))]
         CpuPath::EmulatedTiles(token) => {
-            let tiles = Some(TileUnit::Scalar);
-            let stage1 = split_avx512::Stage1::new(token, tiles, plan, src);
-            run_bf16(plan, src, &stage1, part_o, part_lse);
+            run_bf16(plan, src, token, Some(TileUnit::Scalar), part_o, part_lse)
         }
     }
 }
 
-/// Stage 1 on a bf16-product path (AVX-512 BF16 vectors or AMX tiles).
+/// Stage 1 on a bf16-product path: the products on AVX-512 BF16 vectors, or on `tiles`.
 #[cfg(target_arch = "x86_64")]
 fn run_bf16(
     plan: &DecodePlan,
     src: &HostInputs<'_>,
-    stage1: &split_avx512::Stage1<'_>,
+    token: Avx512Bf16,
+    tiles: Option<TileUnit>,
     part_o: &mut [f32],
     part_lse: &mut [f32],
 ) {
+    let stage1 = split_avx512::Stage1::new(token, tiles, plan, src);
     let heads = plan.heads.min(HEAD_GROUP);
     for_each_item(
         plan,
