@@ -142,8 +142,7 @@ struct Measured {
     case: Case,
     backend: &'static str,
     /// The stage-1 kernel that ran: the CPU path (`cpu-amx-bf16`, `cpu-avx512-bf16`,
-    /// `cpu-portable`) or the
-    /// GPU family (`mma`, `wgmma`, `narrow`, `seesaw`, `wgmma-fp8`).
+    /// `cpu-portable`) or the GPU family (`mma`, `wgmma`, `narrow`, `seesaw`, `wgmma-fp8`).
     kernel: &'static str,
     device: String,
     num_kv_splits: usize,
