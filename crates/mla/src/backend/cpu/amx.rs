@@ -248,34 +248,24 @@ impl Block {
 /// along the rest; rows of blocks first (A's rows stay warm across a row).
 fn blocks(m: usize, n: usize, lda: usize, ldc: usize) -> impl Iterator<Item = Block> {
     let (m2, n2) = (m - m % (2 * TILE), n - n % (2 * TILE));
+    // The C tile at row i, column j (its first A and B tiles).
+    let at = move |i: usize, j: usize| TileJob {
+        c: i * ldc + j,
+        a: i * lda,
+        b: j,
+    };
     let four = (0..m2).step_by(2 * TILE).flat_map(move |i| {
-        (0..n2).step_by(2 * TILE).map(move |j| {
-            Block::Four(TileJob {
-                c: i * ldc + j,
-                a: i * lda,
-                b: j,
-            })
-        })
+        (0..n2)
+            .step_by(2 * TILE)
+            .map(move |j| Block::Four(at(i, j)))
     });
     // The tiles outside the 2 x 2 blocks: the last columns of their rows, then the last rows.
-    let right = (0..m2).step_by(TILE).flat_map(move |i| {
-        (n2..n).step_by(TILE).map(move |j| {
-            Block::One(TileJob {
-                c: i * ldc + j,
-                a: i * lda,
-                b: j,
-            })
-        })
-    });
-    let below = (m2..m).step_by(TILE).flat_map(move |i| {
-        (0..n).step_by(TILE).map(move |j| {
-            Block::One(TileJob {
-                c: i * ldc + j,
-                a: i * lda,
-                b: j,
-            })
-        })
-    });
+    let right = (0..m2)
+        .step_by(TILE)
+        .flat_map(move |i| (n2..n).step_by(TILE).map(move |j| Block::One(at(i, j))));
+    let below = (m2..m)
+        .step_by(TILE)
+        .flat_map(move |i| (0..n).step_by(TILE).map(move |j| Block::One(at(i, j))));
     four.chain(right).chain(below)
 }
 
