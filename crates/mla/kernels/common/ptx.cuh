@@ -42,6 +42,12 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid)
     const int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n) : "memory");
 }
+/// A 4-byte piece (through L1: the .cg form copies 16 bytes only); `valid` false fills it
+/// with zeros.
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src, bool valid) {
+    const int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;" ::: "memory");
 }

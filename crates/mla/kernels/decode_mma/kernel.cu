@@ -113,15 +113,39 @@ static_assert(StagedRows<BF16, L>::bytes(ROWS) <= Q_BYTES + STAGES * STAGE_BYTES
 
 namespace {
 
-/// Step 1: the CTA's q rows (heads head0 .. head0 + ROWS) into shared memory; missing heads are 0.
+/// fp8 scores (see "fp8 products" below): the place in q's shared row of word w (columns 2w,
+/// 2w + 1). The scores take the columns of a group of 16 NS in the order the key codes land
+/// in a lane (step s of lane column c: columns 4 NS c + 4 s .. + 4); q is stored in that order,
+/// step s's 16 columns together as one mma k-step, so that ldmatrix hands each lane its
+/// fragment (a lane's pairs assembled from two rows' loads cost four register moves an mma).
+/// Word x of a group (c = x / 2 NS, s = x % 2 NS / 2, h = x % 2) goes to 8 s + 4 h + c: the
+/// fragment's pairs k = 2c, 2c + 1 (h = 0) and 2c + 8, 2c + 9 (h = 1) of step s.
+__device__ __forceinline__ int q_word_place(int w) {
+    constexpr int FULL = D / 64 * 32;            // words of the groups of 64 columns (NS 4)
+    constexpr int HALF = D % 64 >= 32 ? 16 : 0;  // words of the group of 32 (NS 2), if any
+    const int ns = w < FULL ? 4 : (w < FULL + HALF ? 2 : 1);
+    const int base = w < FULL ? w / 32 * 32 : (w < FULL + HALF ? FULL : FULL + HALF);
+    const int x = w - base;
+    return base + 8 * (x % (2 * ns) / 2) + 4 * (x % 2) + x / (2 * ns);
+}
+
+/// Step 1: the CTA's q rows (heads head0 .. head0 + ROWS) into shared memory; missing heads are
+/// 0. An fp8 cache's q goes a word at a time to its place in the scores' order
+/// (`q_word_place`; the rewrites of q that follow are elementwise).
 __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, int row, int head0) {
     constexpr int QCH = D / 8;  // 16-byte chunks per q row
     for (int c = threadIdx.x; c < ROWS * QCH; c += THREADS) {
         const int r = c / QCH, k = c % QCH;
         const int head = head0 + r;
         const bool valid = head < p.heads;
-        const u16* src = q_piece<L>(p, row, head, k);
-        cp_async16(smem_addr(sm.q() + r * DP + k * 8), valid ? (const void*)src : p.q_nope, valid);
+        const u16* src = valid ? q_piece<L>(p, row, head, k) : (const u16*)p.q_nope;
+        if constexpr (FP8) {
+            const u32 dst = smem_addr(sm.q() + r * DP);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) cp_async4(dst + 4 * q_word_place(4 * k + j), src + 2 * j, valid);
+        } else {
+            cp_async16(smem_addr(sm.q() + r * DP + k * 8), src, valid);
+        }
     }
 }
 
@@ -172,8 +196,8 @@ __device__ __forceinline__ void convert_tile(const Smem& sm, int s, float k_scal
 // of one key; so each product permutes an index that the sums do not care about:
 // - the scores permute the contracted columns within each group of 16 NS columns (NS steps of
 //   16): step s of lane column c takes columns 4 NS c + 4 s .. + 4 of the group, so a lane
-//   loads its key's 4 NS codes at once and q's 2 NS pairs at once (q stays in place: the same
-//   columns of both operands meet);
+//   loads its key's 4 NS codes at once; q is stored in that order (q_word_place), so the same
+//   columns of both operands meet and ldmatrix reads q's fragments as in the 16-bit path;
 // - the value product permutes the output columns within each group of 8 VG columns (VG
 //   n-tiles): fragment column g of n-tile j is column VG g + j, so a lane loads VG codes of
 //   each of its four keys at once and pairs the keys' bytes with one prmt for two n-tiles.
@@ -181,21 +205,21 @@ __device__ __forceinline__ void convert_tile(const Smem& sm, int s, float k_scal
 
 /// Scores over one group of 16 NS columns starting at col0: acc[s % S_CHAINS][n] += the
 /// fragments of step s, for the warp's NT_S n-tiles of keys (rows of `keys`, 8 STAGE_ROW
-/// apart). q_lane: byte address of q's row g; q's row g + 8 is 8 DP halves further.
+/// apart). q_lane: the lane's ldmatrix address in q (stored in the scores' order,
+/// `q_word_place`: step s of the group is columns col0 + 16 s .. + 16 there).
 template <int NS>
 __device__ __forceinline__ void scores_fp8(float (&acc)[S_CHAINS][NT_S][4], u32 q_lane, u32 keys, int col0, int c) {
-    u32 qg[2 * NS], qh[2 * NS];  // q's pairs 2 NS c .. of the group: rows g and g + 8
-    ld_shared_words<2 * NS>(qg, q_lane + (col0 + 4 * NS * c) * 2);
-    ld_shared_words<2 * NS>(qh, q_lane + (8 * DP + col0 + 4 * NS * c) * 2);
+    u32 qa[NS][4];
+#pragma unroll
+    for (int st = 0; st < NS; ++st) ldmatrix_x4(qa[st], q_lane + (col0 + 16 * st) * 2);
 #pragma unroll
     for (int n = 0; n < NT_S; ++n) {
         u32 k[NS];  // the key's codes 4 NS c .. of the group, 4 a step
         ld_shared_words<NS>(k, keys + n * 8 * STAGE_ROW + col0 + 4 * NS * c);
 #pragma unroll
         for (int st = 0; st < NS; ++st) {
-            const u32 a[4] = {qg[2 * st], qh[2 * st], qg[2 * st + 1], qh[2 * st + 1]};
             const u32x2 b = fp8x4_to_f16<KV>(k[st]);
-            mma_16816<false>(acc[st % S_CHAINS][n], a, b.x, b.y);
+            mma_16816<false>(acc[st % S_CHAINS][n], qa[st], b.x, b.y);
         }
     }
 }
@@ -332,12 +356,11 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
 #pragma unroll
             for (int n = 0; n < NT_S; ++n) acc[a][n][0] = acc[a][n][1] = acc[a][n][2] = acc[a][n][3] = 0.0f;
         if constexpr (FP8) {
-            const u32 q_row = smem_addr(sm.q() + (rg * 16 + g) * DP);
             const u32 keys_g = smem_addr(sm.stage(st) + (wc * KEYS_W + g) * STAGE_ROW);
 #pragma unroll FP8_UNROLL
-            for (int b = 0; b < D / 64; ++b) scores_fp8<4>(acc, q_row, keys_g, 64 * b, c);
-            if (D % 64 >= 32) scores_fp8<2>(acc, q_row, keys_g, D / 64 * 64, c);
-            if (D % 32 != 0) scores_fp8<1>(acc, q_row, keys_g, D - 16, c);
+            for (int b = 0; b < D / 64; ++b) scores_fp8<4>(acc, q_lane, keys_g, 64 * b, c);
+            if (D % 64 >= 32) scores_fp8<2>(acc, q_lane, keys_g, D / 64 * 64, c);
+            if (D % 32 != 0) scores_fp8<1>(acc, q_lane, keys_g, D - 16, c);
         } else {
             const u32 k_lane = smem_addr(kt + (wc * KEYS_W + lane % 8) * DP + ((lane / 8) % 2) * 8);
 #pragma unroll 3
@@ -408,13 +431,17 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
         }
         __syncthreads();  // P of the whole row group is in shared memory
 
-        // 6. O = O * alpha + P V for columns wc * COLS_W .. + COLS_W.
+        // 6. O = O * alpha + P V for columns wc * COLS_W .. + COLS_W. A warp holds all 16 rows
+        //    of its row group: where none of their maxima moved (alpha 1, most tiles after the
+        //    first few), O stays as it is (x * 1 is x) and the warp skips 4 NT_O multiplies.
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-        for (int i = 0; i < NT_O; ++i) {
-            o[i][0] *= alpha[0];
-            o[i][1] *= alpha[0];
-            o[i][2] *= alpha[1];
-            o[i][3] *= alpha[1];
+            for (int i = 0; i < NT_O; ++i) {
+                o[i][0] *= alpha[0];
+                o[i][1] *= alpha[0];
+                o[i][2] *= alpha[1];
+                o[i][3] *= alpha[1];
+            }
         }
         // fp8: the codes of keys 2c, 2c + 1, 2c + 8, 2c + 9 of each 16 (values_fp8); else V
         // through ldmatrix.trans.
