@@ -37,7 +37,7 @@ impl Avx512Bf16 {
 pub const LANES: usize = 16;
 
 /// Keys of a score tile.
-const TILE_KEYS: usize = 6;
+pub const TILE_KEYS: usize = 6;
 /// Heads of a `P V` tile (one broadcast each).
 const TILE_HEADS: usize = 4;
 /// Value-column vectors of a `P V` tile.
@@ -389,7 +389,7 @@ unsafe fn convert_f16(src: *const u16, dst: *mut u16, mask: u16) {
 }
 
 /// Asks for `bytes` to be brought into L2, a 64-byte line at a time, ahead of their use.
-fn prefetch_l2(bytes: &[u8]) {
+pub fn prefetch_l2(bytes: &[u8]) {
     for line in bytes.chunks(64) {
         // SAFETY: a prefetch is a hint: it reads nothing into the program and never faults;
         // the address is inside a live slice. SSE is part of x86-64.

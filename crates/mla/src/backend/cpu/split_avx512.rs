@@ -16,10 +16,12 @@
 //! Only the multiplied values are bf16; the sums, partials and LSE stay f32, and a row's
 //! arithmetic depends only on its own keys, so batch invariance holds as on the portable path.
 
+use std::ops::Range;
+
 use half::bf16;
 
 use super::amx::{self, CStart, TILE, TileUnit};
-use super::avx512::{self, Avx512Bf16, Fp8Table, LANES};
+use super::avx512::{self, Avx512Bf16, Fp8Table, LANES, TILE_KEYS};
 use super::inputs::HostInputs;
 use super::phases::{Clock, Phase};
 use super::split::SoftmaxState;
@@ -90,43 +92,54 @@ impl<'a> Stage1<'a> {
         sc.state.reset(hp);
         let mut clock = Clock::start();
 
+        // An fp8 cache on the vector path decodes its keys a score tile at a time.
+        let by_tile = tiles.is_none() && plan.kv_format.is_fp8();
+
         for chunk in (keys.start..keys.end).step_by(KEY_CHUNK) {
             let n = KEY_CHUNK.min(keys.end - chunk);
-            // 1. keys: in place, or decoded into the chunk's buffer ([KEY_CHUNK][2 kp] bf16);
-            //    the tiles read whole tiles of 16 keys: the rows after n are zero
-            let key_buf: &mut [u16] = bytemuck::cast_slice_mut(&mut sc.keys);
-            key_buf[2 * kp * n..2 * kp * n.next_multiple_of(TILE)].fill(0);
-            let mut in_cache: [Option<&[u16]>; KEY_CHUNK] = [None; KEY_CHUNK];
-            let buffers = key_buf.chunks_exact_mut(2 * kp);
-            for ((r, buf), pos) in in_cache.iter_mut().zip(buffers).zip(chunk..chunk + n) {
-                match self.cache_row(request, pos) {
-                    Some(row) if tiles.is_none() => *r = Some(row),
-                    Some(row) => {
-                        let (values, pad) = buf.split_at_mut(row.len());
-                        values.copy_from_slice(row);
-                        pad.fill(0);
-                    }
-                    None => self.decode_row(request, pos, buf, &mut sc.row),
-                }
-            }
-            let key_buf: &[u16] = bytemuck::cast_slice(&sc.keys);
             let mut rows: [&[u16]; KEY_CHUNK] = [&[]; KEY_CHUNK];
-            let buffers = key_buf.chunks_exact(2 * kp);
-            for ((r, buf), cached) in rows.iter_mut().zip(buffers).zip(&in_cache[..n]) {
-                *r = cached.unwrap_or(buf);
-            }
-            let rows = &rows[..n];
-            clock.lap(Phase::Keys);
-            // 2. S^T = K Q^T
-            match &tiles {
-                None => avx512::scores(token, rows, &sc.q, pairs, hp, &mut sc.s),
-                Some(tiles) => {
-                    let shape = [n.next_multiple_of(TILE), hp, kp];
-                    let (keys, q, s) = (&sc.keys, &sc.q, &mut sc.s);
-                    amx::product(tiles, keys, kp, q, hp, s, hp, shape, CStart::Zero);
+            let rows = if by_tile {
+                // 1, 2 and 4's packed values, tile by tile
+                self.fp8_chunk(request, chunk..chunk + n, pairs, hp, lp, sc);
+                clock.lap(Phase::Scores);
+                &rows[..0]
+            } else {
+                // 1. keys: in place, or decoded into the chunk's buffer ([KEY_CHUNK][2 kp] bf16);
+                //    the tiles read whole tiles of 16 keys: the rows after n are zero
+                let key_buf: &mut [u16] = bytemuck::cast_slice_mut(&mut sc.keys);
+                key_buf[2 * kp * n..2 * kp * n.next_multiple_of(TILE)].fill(0);
+                let mut in_cache: [Option<&[u16]>; KEY_CHUNK] = [None; KEY_CHUNK];
+                let buffers = key_buf.chunks_exact_mut(2 * kp);
+                for ((r, buf), pos) in in_cache.iter_mut().zip(buffers).zip(chunk..chunk + n) {
+                    match self.cache_row(request, pos) {
+                        Some(row) if tiles.is_none() => *r = Some(row),
+                        Some(row) => {
+                            let (values, pad) = buf.split_at_mut(row.len());
+                            values.copy_from_slice(row);
+                            pad.fill(0);
+                        }
+                        None => self.decode_row(request, pos, buf, &mut sc.row),
+                    }
                 }
-            }
-            clock.lap(Phase::Scores);
+                let key_buf: &[u16] = bytemuck::cast_slice(&sc.keys);
+                let buffers = key_buf.chunks_exact(2 * kp);
+                for ((r, buf), cached) in rows.iter_mut().zip(buffers).zip(&in_cache[..n]) {
+                    *r = cached.unwrap_or(buf);
+                }
+                let rows = &rows[..n];
+                clock.lap(Phase::Keys);
+                // 2. S^T = K Q^T
+                match &tiles {
+                    None => avx512::scores(token, rows, &sc.q, pairs, hp, &mut sc.s),
+                    Some(tiles) => {
+                        let shape = [n.next_multiple_of(TILE), hp, kp];
+                        let (keys, q, s) = (&sc.keys, &sc.q, &mut sc.s);
+                        amx::product(tiles, keys, kp, q, hp, s, hp, shape, CStart::Zero);
+                    }
+                }
+                clock.lap(Phase::Scores);
+                rows
+            };
             // 3. online softmax
             avx512::softmax(
                 token,
@@ -141,8 +154,10 @@ impl<'a> Stage1<'a> {
             );
             clock.lap(Phase::Softmax);
             // 4. acc = alpha * acc + P V
-            avx512::pack_values(token, rows, plan.kv_lora_rank, lp, &mut sc.v);
-            clock.lap(Phase::Values);
+            if !by_tile {
+                avx512::pack_values(token, rows, plan.kv_lora_rank, lp, &mut sc.v);
+                clock.lap(Phase::Values);
+            }
             let key_pairs = n.div_ceil(2);
             match &tiles {
                 None => avx512::accumulate(
@@ -178,6 +193,46 @@ impl<'a> Stage1<'a> {
         }
 
         sc.state.write(1.0, plan.kv_lora_rank, o, lse);
+    }
+
+    /// Steps 1, 2 and the packing of step 4 for the fp8 `keys` of a chunk on the vector
+    /// path, [`TILE_KEYS`] keys at a time: a tile's codes are decoded right before its
+    /// products, into rows that stay in L1 for the scores and the values, while the next
+    /// tile's codes are on their way (NOTES.md).
+    fn fp8_chunk(
+        &self,
+        request: usize,
+        keys: Range<usize>,
+        pairs: usize,
+        hp: usize,
+        lp: usize,
+        sc: &mut Scratch,
+    ) {
+        let (token, plan) = (self.token, self.plan);
+        let d = plan.head_dim();
+        let width = 2 * pairs;
+        let tile_buf: &mut [u16] = bytemuck::cast_slice_mut(&mut sc.keys);
+        let tile_buf = &mut tile_buf[..TILE_KEYS * width];
+        for start in keys.clone().step_by(TILE_KEYS) {
+            let end = keys.end.min(start + TILE_KEYS);
+            for pos in end..keys.end.min(end + TILE_KEYS) {
+                avx512::prefetch_l2(self.src.key_bytes(plan, request, pos, d));
+            }
+            let buffers = tile_buf.chunks_exact_mut(width);
+            for (pos, buf) in (start..end).zip(buffers) {
+                self.decode_row(request, pos, buf, &mut sc.row);
+            }
+            let mut rows: [&[u16]; TILE_KEYS] = [&[]; TILE_KEYS];
+            for (r, buf) in rows.iter_mut().zip(tile_buf.chunks_exact(width)) {
+                *r = buf;
+            }
+            let rows = &rows[..end - start];
+            // A tile starts at an even key: its pairs are whole pairs of the chunk.
+            let j0 = start - keys.start;
+            avx512::scores(token, rows, &sc.q, pairs, hp, &mut sc.s[j0 * hp..]);
+            let v = &mut sc.v[j0 / 2 * lp..];
+            avx512::pack_values(token, rows, plan.kv_lora_rank, lp, v);
+        }
     }
 
     /// q of the group's heads as bf16 pairs `[pairs][hp]`, the padding heads and the odd
