@@ -8,13 +8,15 @@
 /// A phase of the bf16-product work item (`split_avx512::Stage1::attend`), in its order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
-    /// The chunk's key rows as bf16: in place, copied, or decoded into the chunk's buffer.
+    /// The chunk's key rows as bf16: in place, copied, or decoded into the chunk's buffer (an
+    /// fp8 cache on the vector path: a score tile's rows at a time, between its scores).
     Keys,
     /// `S^T = K Q^T`.
     Scores,
     /// The online softmax (P, the running max and sums).
     Softmax,
-    /// The chunk's values packed in key pairs.
+    /// The chunk's values packed in key pairs (an fp8 cache on the vector path: a score tile's
+    /// at a time).
     Values,
     /// The tile path's P^T and the output's rescale.
     Transpose,

@@ -21,7 +21,8 @@ use std::ops::Range;
 use half::bf16;
 
 use super::amx::{self, CStart, TILE, TileUnit};
-use super::avx512::{self, Avx512Bf16, Fp8Table, LANES, TILE_KEYS};
+use super::avx512::{self, Avx512Bf16, LANES, TILE_KEYS};
+use super::fp8_lookup::{self, Fp8Table};
 use super::inputs::HostInputs;
 use super::phases::{Clock, Phase};
 use super::split::SoftmaxState;
@@ -40,33 +41,24 @@ pub struct Stage1<'a> {
     tiles: Option<TileUnit>,
     plan: &'a DecodePlan,
     src: &'a HostInputs<'a>,
-    /// The decoder's value of each fp8 byte, as bf16 bits.
-    fp8: Fp8Table,
+    /// The decoder's value of each fp8 byte, as bf16 bits (an fp8 cache).
+    fp8: Option<Fp8Table>,
 }
 
 impl<'a> Stage1<'a> {
-    /// The work items' view of a decode, with the fp8 table of its decoder (zero for a 16-bit
-    /// cache).
+    /// The work items' view of a decode, with the fp8 table of its decoder (an fp8 cache).
     pub fn new(
         token: Avx512Bf16,
         tiles: Option<TileUnit>,
         plan: &'a DecodePlan,
         src: &'a HostInputs<'a>,
     ) -> Self {
-        let mut fp8 = [0u16; 256];
-        if plan.kv_format.is_fp8() {
-            for (b, t) in fp8.iter_mut().enumerate() {
-                let mut x = [0f32];
-                src.decoder.decode(&[b as u8], &mut x);
-                *t = bf16::from_f32(x[0]).to_bits();
-            }
-        }
         Stage1 {
             token,
             tiles,
             plan,
             src,
-            fp8: Fp8Table::new(fp8),
+            fp8: plan.kv_format.is_fp8().then(|| Fp8Table::of(&src.decoder)),
         }
     }
 
@@ -100,8 +92,8 @@ impl<'a> Stage1<'a> {
             let mut rows: [&[u16]; KEY_CHUNK] = [&[]; KEY_CHUNK];
             let rows = if by_tile {
                 // 1, 2 and 4's packed values, tile by tile
-                self.fp8_chunk(request, chunk..chunk + n, pairs, hp, lp, sc);
-                clock.lap(Phase::Scores);
+                let shape = (hp, lp, pairs);
+                self.fp8_chunk(request, chunk..chunk + n, shape, sc, &mut clock);
                 &rows[..0]
             } else {
                 // 1. keys: in place, or decoded into the chunk's buffer ([KEY_CHUNK][2 kp] bf16);
@@ -198,15 +190,14 @@ impl<'a> Stage1<'a> {
     /// Steps 1, 2 and the packing of step 4 for the fp8 `keys` of a chunk on the vector
     /// path, [`TILE_KEYS`] keys at a time: a tile's codes are decoded right before its
     /// products, into rows that stay in L1 for the scores and the values, while the next
-    /// tile's codes are on their way (NOTES.md).
+    /// tile's codes are on their way (NOTES.md). The shape is [`shape`]'s.
     fn fp8_chunk(
         &self,
         request: usize,
         keys: Range<usize>,
-        pairs: usize,
-        hp: usize,
-        lp: usize,
+        (hp, lp, pairs): (usize, usize, usize),
         sc: &mut Scratch,
+        clock: &mut Clock,
     ) {
         let (token, plan) = (self.token, self.plan);
         let d = plan.head_dim();
@@ -222,6 +213,7 @@ impl<'a> Stage1<'a> {
             for (pos, buf) in (start..end).zip(buffers) {
                 self.decode_row(request, pos, buf, &mut sc.row);
             }
+            clock.lap(Phase::Keys);
             let mut rows: [&[u16]; TILE_KEYS] = [&[]; TILE_KEYS];
             for (r, buf) in rows.iter_mut().zip(tile_buf.chunks_exact(width)) {
                 *r = buf;
@@ -230,8 +222,10 @@ impl<'a> Stage1<'a> {
             // A tile starts at an even key: its pairs are whole pairs of the chunk.
             let j0 = start - keys.start;
             avx512::scores(token, rows, &sc.q, pairs, hp, &mut sc.s[j0 * hp..]);
+            clock.lap(Phase::Scores);
             let v = &mut sc.v[j0 / 2 * lp..];
             avx512::pack_values(token, rows, plan.kv_lora_rank, lp, v);
+            clock.lap(Phase::Values);
         }
     }
 
@@ -270,9 +264,10 @@ impl<'a> Stage1<'a> {
         let (values, pad) = dst.split_at_mut(d);
         pad.fill(0);
         match self.plan.kv_format {
-            KvFormat::Fp8E4m3 | KvFormat::Fp8E5m2 => {
-                avx512::fp8_to_bf16(self.token, &self.fp8, bytes, values);
-            }
+            KvFormat::Fp8E4m3 | KvFormat::Fp8E5m2 => match &self.fp8 {
+                Some(table) => fp8_lookup::fp8_to_bf16(self.token, table, bytes, values),
+                None => self.decode_through_f32(request, pos, values, f32_row),
+            },
             KvFormat::F16 => match bytemuck::try_cast_slice(bytes) {
                 Ok(f16s) => avx512::f16_to_bf16(self.token, f16s, values),
                 Err(_) => self.decode_through_f32(request, pos, values, f32_row),
