@@ -93,7 +93,7 @@ impl<'a> Stage1<'a> {
             let rows = if by_tile {
                 // 1, 2 and 4's packed values, tile by tile
                 let shape = (hp, lp, pairs);
-                self.fp8_chunk(request, chunk..chunk + n, shape, sc, &mut clock);
+                self.fp8_chunk(request, chunk..chunk + n, keys.end, shape, sc, &mut clock);
                 &rows[..0]
             } else {
                 // 1. keys: in place, or decoded into the chunk's buffer ([KEY_CHUNK][2 kp] bf16);
@@ -189,12 +189,14 @@ impl<'a> Stage1<'a> {
 
     /// Steps 1, 2 and the packing of step 4 for the fp8 `keys` of a chunk on the vector
     /// path, [`TILE_KEYS`] keys at a time: a tile's codes are decoded right before its
-    /// products, into rows that stay in L1 for the scores and the values, while the next
-    /// tile's codes are on their way (NOTES.md). The shape is [`shape`]'s.
+    /// products, into rows that stay in L1 for the scores and the values, while the codes of
+    /// the tile after next are on their way, into the next chunk up to the work item's
+    /// `item_end` (NOTES.md). The shape is [`shape`]'s.
     fn fp8_chunk(
         &self,
         request: usize,
         keys: Range<usize>,
+        item_end: usize,
         (hp, lp, pairs): (usize, usize, usize),
         sc: &mut Scratch,
         clock: &mut Clock,
@@ -206,7 +208,8 @@ impl<'a> Stage1<'a> {
         let tile_buf = &mut tile_buf[..TILE_KEYS * width];
         for start in keys.clone().step_by(TILE_KEYS) {
             let end = keys.end.min(start + TILE_KEYS);
-            for pos in end..keys.end.min(end + TILE_KEYS) {
+            let ahead = end + TILE_KEYS..end + 2 * TILE_KEYS;
+            for pos in ahead.start.min(item_end)..ahead.end.min(item_end) {
                 avx512::prefetch_l2(self.src.key_bytes(plan, request, pos, d));
             }
             let buffers = tile_buf.chunks_exact_mut(width);
