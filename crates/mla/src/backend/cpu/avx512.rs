@@ -29,6 +29,16 @@ impl Avx512Bf16 {
             && is_x86_feature_detected!("avx512bf16"))
         .then_some(Avx512Bf16 { _found: () })
     }
+
+    /// The token for a test, which says that it is skipped on a CPU without the features.
+    #[cfg(test)]
+    pub fn detect_or_skip() -> Option<Self> {
+        let t = Avx512Bf16::detect();
+        if t.is_none() {
+            eprintln!("skipped: this CPU lacks AVX-512 BF16");
+        }
+        t
+    }
 }
 
 /// Heads (or value columns) a vector holds.
@@ -464,17 +474,11 @@ mod tests {
 
     use super::*;
 
-    fn token() -> Option<Avx512Bf16> {
-        let t = Avx512Bf16::detect();
-        if t.is_none() {
-            eprintln!("skipped: this CPU lacks AVX-512 BF16");
-        }
-        t
-    }
-
     #[test]
     fn exp_is_within_two_ulps_of_libm() {
-        let Some(t) = token() else { return };
+        let Some(t) = Avx512Bf16::detect_or_skip() else {
+            return;
+        };
         let xs: Vec<f32> = (0..4000)
             .map(|i| -110.0 + i as f32 * 0.0497)
             .chain([f32::NEG_INFINITY, 0.0, -0.0])
@@ -501,7 +505,9 @@ mod tests {
 
     #[test]
     fn f16_conversion_rounds_as_half_does() {
-        let Some(t) = token() else { return };
+        let Some(t) = Avx512Bf16::detect_or_skip() else {
+            return;
+        };
         // Every f16 bit pattern, in a length that leaves a partial vector.
         let src: Vec<u16> = (0..=u16::MAX).chain(0..7).collect();
         let mut dst = vec![0u16; src.len()];
@@ -519,7 +525,9 @@ mod tests {
 
     #[test]
     fn products_match_an_f64_sum() {
-        let Some(t) = token() else { return };
+        let Some(t) = Avx512Bf16::detect_or_skip() else {
+            return;
+        };
         // 3 rows of 20 bf16 values (10 pairs) against 32 heads; P V over 3 keys (2 pairs).
         let (pairs, hp, l, lp) = (10, 32, 20, 32);
         let val = |i: usize| bf16::from_f32(((i * 37 % 23) as f32 - 11.0) / 8.0);
