@@ -5,7 +5,8 @@
 //! 1. the chunk's key rows as bf16: a bf16 cache is read where it lies (copied into the
 //!    chunk's buffer on the tile path, whose loads take rows a fixed stride apart), an f16 or
 //!    fp8 cache is decoded into the chunk's buffer (the decoder's values, so the same numbers
-//!    as every other path);
+//!    as every other path; an fp8 cache on the vector path a score tile of keys at a time,
+//!    each tile's keys right before its products and its packed values, `Stage1::fp8_chunk`);
 //! 2. `S^T = K Q^T` with f32 sums (`avx512::scores`, or `amx::product` on tiles);
 //! 3. the online softmax, 16 heads a vector: P rounded to bf16, the row sum unrounded;
 //! 4. `acc = alpha * acc + P V` with V the chunk's rows packed in key pairs
