@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Case, cpu_kernels, run_case, spec};
-use mla::{CpuKernel, CpuPhase, Device, Mask, cpu_phase_times};
+use mla::{CpuKernel, CpuPhase, Device, KvFormat, Mask, ModelDtype, cpu_phase_times};
 
 #[test]
 fn a_decode_times_each_phase_it_runs_and_reading_clears_the_totals() {
@@ -20,9 +20,15 @@ fn a_decode_times_each_phase_it_runs_and_reading_clears_the_totals() {
         eprintln!("skipped: no bf16-product CPU path here (the phases are that path's)");
         return;
     }
-    for path in paths {
+    // A bf16 cache, read in place, and an fp8 one, decoded (on the vector path a score tile
+    // at a time, its laps inside the chunk's).
+    let kv_paths = [KvFormat::Bf16, KvFormat::Fp8E4m3]
+        .into_iter()
+        .flat_map(|kv| paths.iter().map(move |&path| (kv, path)));
+    for (kv, path) in kv_paths {
         let _ = cpu_phase_times();
-        let mut case = Case::new(spec(32, 64, &[300, 1000], 1, Mask::Causal));
+        let s = spec(32, 64, &[300, 1000], 1, Mask::Causal).with_format(ModelDtype::Bf16, kv);
+        let mut case = Case::new(s);
         case.cpu_kernel = path;
         run_case(&case, Device::Cpu);
         let times = cpu_phase_times();
@@ -32,13 +38,13 @@ fn a_decode_times_each_phase_it_runs_and_reading_clears_the_totals() {
             assert_eq!(
                 *t > Duration::ZERO,
                 runs,
-                "{path:?}: {} took {t:?}",
+                "{path:?}, {kv:?}: {} took {t:?}",
                 phase.name()
             );
         }
         assert!(
             cpu_phase_times().iter().all(|(_, t)| t.is_zero()),
-            "{path:?}: the totals are cleared once read"
+            "{path:?}, {kv:?}: the totals are cleared once read"
         );
     }
 }

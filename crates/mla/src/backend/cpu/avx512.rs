@@ -15,8 +15,6 @@
 
 use std::arch::x86_64::*;
 
-use half::bf16;
-
 /// Proof that this CPU has AVX-512F, AVX-512BW and AVX-512 BF16.
 #[derive(Debug, Clone, Copy)]
 pub struct Avx512Bf16 {
@@ -31,13 +29,23 @@ impl Avx512Bf16 {
             && is_x86_feature_detected!("avx512bf16"))
         .then_some(Avx512Bf16 { _found: () })
     }
+
+    /// The token for a test, which says that it is skipped on a CPU without the features.
+    #[cfg(test)]
+    pub fn detect_or_skip() -> Option<Self> {
+        let t = Avx512Bf16::detect();
+        if t.is_none() {
+            eprintln!("skipped: this CPU lacks AVX-512 BF16");
+        }
+        t
+    }
 }
 
 /// Heads (or value columns) a vector holds.
 pub const LANES: usize = 16;
 
 /// Keys of a score tile.
-const TILE_KEYS: usize = 6;
+pub const TILE_KEYS: usize = 6;
 /// Heads of a `P V` tile (one broadcast each).
 const TILE_HEADS: usize = 4;
 /// Value-column vectors of a `P V` tile.
@@ -389,107 +397,12 @@ unsafe fn convert_f16(src: *const u16, dst: *mut u16, mask: u16) {
 }
 
 /// Asks for `bytes` to be brought into L2, a 64-byte line at a time, ahead of their use.
-fn prefetch_l2(bytes: &[u8]) {
+pub fn prefetch_l2(bytes: &[u8]) {
     for line in bytes.chunks(64) {
         // SAFETY: a prefetch is a hint: it reads nothing into the program and never faults;
         // the address is inside a live slice. SSE is part of x86-64.
         unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
     }
-}
-
-/// The bf16 bits of each fp8 byte's value (the decoder's), and whether the table is
-/// sign-symmetric: byte `b | 0x80` is byte `b`'s bits with the sign flipped, as it is for the
-/// sign-magnitude fp8 formats (`-x` rounds to bf16 as `x` does), or both are NaN (whose sign
-/// nothing reads). Then half the table serves.
-pub struct Fp8Table {
-    bits: [u16; 256],
-    symmetric: bool,
-}
-
-impl Fp8Table {
-    pub fn new(bits: [u16; 256]) -> Self {
-        let nan = |x: u16| bf16::from_bits(x).is_nan();
-        let symmetric = (0..128).all(|b| {
-            let (pos, neg) = (bits[b], bits[b | 0x80]);
-            neg == pos ^ 0x8000 || (nan(pos) && nan(neg))
-        });
-        Fp8Table { bits, symmetric }
-    }
-}
-
-/// fp8 bytes through the table, 32 at a time: a sign-symmetric table by two 64-entry permutes
-/// of the low seven bits and the sign flipped by bit 7, any other by four permutes selected by
-/// the top two bits.
-pub fn fp8_to_bf16(_: Avx512Bf16, table: &Fp8Table, src: &[u8], dst: &mut [u16]) {
-    assert!(src.len() >= dst.len(), "fp8_to_bf16: src");
-    let n = dst.len();
-    let mut i = 0;
-    while i < n {
-        let k = (n - i).min(32);
-        let mask = if k == 32 { u32::MAX } else { (1u32 << k) - 1 };
-        // SAFETY: the masked load and store touch elements i .. i + k <= n of src and dst;
-        // the table holds 256 entries; the token proves the CPU features.
-        unsafe {
-            let (s, d) = (src.as_ptr().add(i), dst.as_mut_ptr().add(i));
-            if table.symmetric {
-                lookup_fp8_symmetric(&table.bits, s, d, mask);
-            } else {
-                lookup_fp8(&table.bits, s, d, mask);
-            }
-        }
-        i += k;
-    }
-}
-
-/// The bytes at `src` (the lanes `mask` selects, zero elsewhere) as 16-bit indices.
-///
-/// # Safety
-/// The CPU has AVX-512F and AVX-512BW; `src` holds the lanes `mask` selects.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn fp8_indices(src: *const u8, mask: u32) -> __m512i {
-    _mm512_cvtepu8_epi16(unsafe { _mm256_maskz_loadu_epi8(mask, src.cast()) })
-}
-
-/// Entries `128 h + (idx & 127)` of the table: two 64-entry permutes by the low six bits,
-/// chosen by bit 6.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-fn table_half(table: &[u16; 256], h: usize, idx: __m512i) -> __m512i {
-    // SAFETY: 32 entries from 128 h + 32 i, i < 4, h < 2: inside the 256.
-    let t = |i: usize| unsafe { _mm512_loadu_si512(table.as_ptr().add(128 * h + 32 * i).cast()) };
-    let low = _mm512_permutex2var_epi16(t(0), idx, t(1));
-    let high = _mm512_permutex2var_epi16(t(2), idx, t(3));
-    _mm512_mask_blend_epi16(
-        _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x40)),
-        low,
-        high,
-    )
-}
-
-/// # Safety
-/// The CPU has AVX-512F and AVX-512BW; `src` and `dst` hold the lanes `mask` selects.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn lookup_fp8(table: &[u16; 256], src: *const u8, dst: *mut u16, mask: u32) {
-    let idx = unsafe { fp8_indices(src, mask) };
-    let bit7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x80));
-    let out = _mm512_mask_blend_epi16(bit7, table_half(table, 0, idx), table_half(table, 1, idx));
-    unsafe { _mm512_mask_storeu_epi16(dst.cast(), mask, out) };
-}
-
-/// lookup_fp8 for a sign-symmetric table: entries 0..128, the sign from bit 7.
-///
-/// # Safety
-/// As lookup_fp8.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn lookup_fp8_symmetric(table: &[u16; 256], src: *const u8, dst: *mut u16, mask: u32) {
-    let idx = unsafe { fp8_indices(src, mask) };
-    // out = magnitude ^ (bit 7 moved to bit 15): A ^ (B & C) is 0x78.
-    let sign = _mm512_slli_epi16::<8>(idx);
-    let out = _mm512_ternarylogic_epi32::<0x78>(
-        table_half(table, 0, idx),
-        sign,
-        _mm512_set1_epi16(i16::MIN),
-    );
-    unsafe { _mm512_mask_storeu_epi16(dst.cast(), mask, out) };
 }
 
 /// `vdpbf16ps` reads its operands as bf16 pairs.
@@ -557,23 +470,15 @@ fn exp(x: __m512) -> __m512 {
 
 #[cfg(test)]
 mod tests {
-    use half::f16;
-
-    use crate::dtype::{KvFormat, ModelDtype};
+    use half::{bf16, f16};
 
     use super::*;
 
-    fn token() -> Option<Avx512Bf16> {
-        let t = Avx512Bf16::detect();
-        if t.is_none() {
-            eprintln!("skipped: this CPU lacks AVX-512 BF16");
-        }
-        t
-    }
-
     #[test]
     fn exp_is_within_two_ulps_of_libm() {
-        let Some(t) = token() else { return };
+        let Some(t) = Avx512Bf16::detect_or_skip() else {
+            return;
+        };
         let xs: Vec<f32> = (0..4000)
             .map(|i| -110.0 + i as f32 * 0.0497)
             .chain([f32::NEG_INFINITY, 0.0, -0.0])
@@ -600,7 +505,9 @@ mod tests {
 
     #[test]
     fn f16_conversion_rounds_as_half_does() {
-        let Some(t) = token() else { return };
+        let Some(t) = Avx512Bf16::detect_or_skip() else {
+            return;
+        };
         // Every f16 bit pattern, in a length that leaves a partial vector.
         let src: Vec<u16> = (0..=u16::MAX).chain(0..7).collect();
         let mut dst = vec![0u16; src.len()];
@@ -617,42 +524,10 @@ mod tests {
     }
 
     #[test]
-    fn fp8_lookup_reads_the_table() {
-        let Some(t) = token() else { return };
-        let any: [u16; 256] = std::array::from_fn(|i| (i as u16).wrapping_mul(40503) ^ 0x1234);
-        // Sign-symmetric, with sign bits set in the lower half too (a negative scale).
-        let symmetric: [u16; 256] =
-            std::array::from_fn(|i| any[i % 128] ^ if i >= 128 { 0x8000 } else { 0 });
-        let src: Vec<u8> = (0..=255u8).rev().chain(3..40).collect();
-        for (bits, half) in [(any, false), (symmetric, true)] {
-            let table = Fp8Table::new(bits);
-            assert_eq!(table.symmetric, half, "symmetry found");
-            let mut dst = vec![0u16; src.len()];
-            fp8_to_bf16(t, &table, &src, &mut dst);
-            for (&s, &d) in src.iter().zip(&dst) {
-                assert_eq!(d, bits[s as usize], "byte {s}, symmetric {half}");
-            }
-        }
-    }
-
-    #[test]
-    fn the_fp8_formats_tables_are_symmetric() {
-        for kv in [KvFormat::Fp8E4m3, KvFormat::Fp8E5m2] {
-            for scale in [1.0, 0.37, 3.5] {
-                let decoder = kv.decoder(ModelDtype::Bf16, scale);
-                let bits: [u16; 256] = std::array::from_fn(|b| {
-                    let mut x = [0f32];
-                    decoder.decode(&[b as u8], &mut x);
-                    bf16::from_f32(x[0]).to_bits()
-                });
-                assert!(Fp8Table::new(bits).symmetric, "{kv:?}, k_scale {scale}");
-            }
-        }
-    }
-
-    #[test]
     fn products_match_an_f64_sum() {
-        let Some(t) = token() else { return };
+        let Some(t) = Avx512Bf16::detect_or_skip() else {
+            return;
+        };
         // 3 rows of 20 bf16 values (10 pairs) against 32 heads; P V over 3 keys (2 pairs).
         let (pairs, hp, l, lp) = (10, 32, 20, 32);
         let val = |i: usize| bf16::from_f32(((i * 37 % 23) as f32 - 11.0) / 8.0);

@@ -8,13 +8,15 @@
 /// A phase of the bf16-product work item (`split_avx512::Stage1::attend`), in its order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
-    /// The chunk's key rows as bf16: in place, copied, or decoded into the chunk's buffer.
+    /// The chunk's key rows as bf16: in place, copied, or decoded into the chunk's buffer (an
+    /// fp8 cache on the vector path: a score tile's rows at a time, between its scores).
     Keys,
     /// `S^T = K Q^T`.
     Scores,
     /// The online softmax (P, the running max and sums).
     Softmax,
-    /// The chunk's values packed in key pairs.
+    /// The chunk's values packed in key pairs (an fp8 cache on the vector path: a score tile's
+    /// at a time).
     Values,
     /// The tile path's P^T and the output's rescale.
     Transpose,
@@ -57,19 +59,36 @@ mod imp {
     /// Nanoseconds per phase, summed over every thread since the last `take`.
     static NANOS: [AtomicU64; Phase::ALL.len()] = [const { AtomicU64::new(0) }; Phase::ALL.len()];
 
-    /// A worker thread's stopwatch: each lap goes to the phase it names.
-    pub struct Clock(Instant);
+    /// A worker thread's stopwatch: each lap goes to the phase it names, summed in the clock
+    /// and added to the totals when it is dropped (a lap a score tile on the fp8 path: an
+    /// atomic add each, shared by the threads, had cost more than the laps measured).
+    pub struct Clock {
+        last: Instant,
+        nanos: [u64; Phase::ALL.len()],
+    }
 
     impl Clock {
         pub fn start() -> Self {
-            Clock(Instant::now())
+            Clock {
+                last: Instant::now(),
+                nanos: [0; Phase::ALL.len()],
+            }
         }
 
         pub fn lap(&mut self, phase: Phase) {
             let now = Instant::now();
-            let ns = u64::try_from((now - self.0).as_nanos()).unwrap_or(u64::MAX);
-            NANOS[phase as usize].fetch_add(ns, Ordering::Relaxed);
-            self.0 = now;
+            let ns = u64::try_from((now - self.last).as_nanos()).unwrap_or(u64::MAX);
+            let sum = &mut self.nanos[phase as usize];
+            *sum = sum.saturating_add(ns);
+            self.last = now;
+        }
+    }
+
+    impl Drop for Clock {
+        fn drop(&mut self) {
+            for (total, &ns) in NANOS.iter().zip(&self.nanos) {
+                total.fetch_add(ns, Ordering::Relaxed);
+            }
         }
     }
 

@@ -5,7 +5,8 @@
 //! 1. the chunk's key rows as bf16: a bf16 cache is read where it lies (copied into the
 //!    chunk's buffer on the tile path, whose loads take rows a fixed stride apart), an f16 or
 //!    fp8 cache is decoded into the chunk's buffer (the decoder's values, so the same numbers
-//!    as every other path);
+//!    as every other path; an fp8 cache on the vector path a score tile of keys at a time,
+//!    each tile's keys right before its products and its packed values, `Stage1::fp8_chunk`);
 //! 2. `S^T = K Q^T` with f32 sums (`avx512::scores`, or `amx::product` on tiles);
 //! 3. the online softmax, 16 heads a vector: P rounded to bf16, the row sum unrounded;
 //! 4. `acc = alpha * acc + P V` with V the chunk's rows packed in key pairs
@@ -16,10 +17,13 @@
 //! Only the multiplied values are bf16; the sums, partials and LSE stay f32, and a row's
 //! arithmetic depends only on its own keys, so batch invariance holds as on the portable path.
 
+use std::ops::Range;
+
 use half::bf16;
 
 use super::amx::{self, CStart, TILE, TileUnit};
-use super::avx512::{self, Avx512Bf16, Fp8Table, LANES};
+use super::avx512::{self, Avx512Bf16, LANES, TILE_KEYS};
+use super::fp8_lookup::{self, Fp8Table};
 use super::inputs::HostInputs;
 use super::phases::{Clock, Phase};
 use super::split::SoftmaxState;
@@ -38,33 +42,24 @@ pub struct Stage1<'a> {
     tiles: Option<TileUnit>,
     plan: &'a DecodePlan,
     src: &'a HostInputs<'a>,
-    /// The decoder's value of each fp8 byte, as bf16 bits.
-    fp8: Fp8Table,
+    /// The decoder's value of each fp8 byte, as bf16 bits (an fp8 cache).
+    fp8: Option<Fp8Table>,
 }
 
 impl<'a> Stage1<'a> {
-    /// The work items' view of a decode, with the fp8 table of its decoder (zero for a 16-bit
-    /// cache).
+    /// The work items' view of a decode, with the fp8 table of its decoder (an fp8 cache).
     pub fn new(
         token: Avx512Bf16,
         tiles: Option<TileUnit>,
         plan: &'a DecodePlan,
         src: &'a HostInputs<'a>,
     ) -> Self {
-        let mut fp8 = [0u16; 256];
-        if plan.kv_format.is_fp8() {
-            for (b, t) in fp8.iter_mut().enumerate() {
-                let mut x = [0f32];
-                src.decoder.decode(&[b as u8], &mut x);
-                *t = bf16::from_f32(x[0]).to_bits();
-            }
-        }
         Stage1 {
             token,
             tiles,
             plan,
             src,
-            fp8: Fp8Table::new(fp8),
+            fp8: plan.kv_format.is_fp8().then(|| Fp8Table::of(&src.decoder)),
         }
     }
 
@@ -90,43 +85,54 @@ impl<'a> Stage1<'a> {
         sc.state.reset(hp);
         let mut clock = Clock::start();
 
+        // An fp8 cache on the vector path decodes its keys a score tile at a time.
+        let by_tile = tiles.is_none() && plan.kv_format.is_fp8();
+
         for chunk in (keys.start..keys.end).step_by(KEY_CHUNK) {
             let n = KEY_CHUNK.min(keys.end - chunk);
-            // 1. keys: in place, or decoded into the chunk's buffer ([KEY_CHUNK][2 kp] bf16);
-            //    the tiles read whole tiles of 16 keys: the rows after n are zero
-            let key_buf: &mut [u16] = bytemuck::cast_slice_mut(&mut sc.keys);
-            key_buf[2 * kp * n..2 * kp * n.next_multiple_of(TILE)].fill(0);
-            let mut in_cache: [Option<&[u16]>; KEY_CHUNK] = [None; KEY_CHUNK];
-            let buffers = key_buf.chunks_exact_mut(2 * kp);
-            for ((r, buf), pos) in in_cache.iter_mut().zip(buffers).zip(chunk..chunk + n) {
-                match self.cache_row(request, pos) {
-                    Some(row) if tiles.is_none() => *r = Some(row),
-                    Some(row) => {
-                        let (values, pad) = buf.split_at_mut(row.len());
-                        values.copy_from_slice(row);
-                        pad.fill(0);
-                    }
-                    None => self.decode_row(request, pos, buf, &mut sc.row),
-                }
-            }
-            let key_buf: &[u16] = bytemuck::cast_slice(&sc.keys);
             let mut rows: [&[u16]; KEY_CHUNK] = [&[]; KEY_CHUNK];
-            let buffers = key_buf.chunks_exact(2 * kp);
-            for ((r, buf), cached) in rows.iter_mut().zip(buffers).zip(&in_cache[..n]) {
-                *r = cached.unwrap_or(buf);
-            }
-            let rows = &rows[..n];
-            clock.lap(Phase::Keys);
-            // 2. S^T = K Q^T
-            match &tiles {
-                None => avx512::scores(token, rows, &sc.q, pairs, hp, &mut sc.s),
-                Some(tiles) => {
-                    let shape = [n.next_multiple_of(TILE), hp, kp];
-                    let (keys, q, s) = (&sc.keys, &sc.q, &mut sc.s);
-                    amx::product(tiles, keys, kp, q, hp, s, hp, shape, CStart::Zero);
+            let rows = if by_tile {
+                // 1, 2 and 4's packed values, tile by tile
+                let shape = (hp, lp, pairs);
+                self.fp8_chunk(request, chunk..chunk + n, keys.end, shape, sc, &mut clock);
+                &rows[..0]
+            } else {
+                // 1. keys: in place, or decoded into the chunk's buffer ([KEY_CHUNK][2 kp] bf16);
+                //    the tiles read whole tiles of 16 keys: the rows after n are zero
+                let key_buf: &mut [u16] = bytemuck::cast_slice_mut(&mut sc.keys);
+                key_buf[2 * kp * n..2 * kp * n.next_multiple_of(TILE)].fill(0);
+                let mut in_cache: [Option<&[u16]>; KEY_CHUNK] = [None; KEY_CHUNK];
+                let buffers = key_buf.chunks_exact_mut(2 * kp);
+                for ((r, buf), pos) in in_cache.iter_mut().zip(buffers).zip(chunk..chunk + n) {
+                    match self.cache_row(request, pos) {
+                        Some(row) if tiles.is_none() => *r = Some(row),
+                        Some(row) => {
+                            let (values, pad) = buf.split_at_mut(row.len());
+                            values.copy_from_slice(row);
+                            pad.fill(0);
+                        }
+                        None => self.decode_row(request, pos, buf, &mut sc.row),
+                    }
                 }
-            }
-            clock.lap(Phase::Scores);
+                let key_buf: &[u16] = bytemuck::cast_slice(&sc.keys);
+                let buffers = key_buf.chunks_exact(2 * kp);
+                for ((r, buf), cached) in rows.iter_mut().zip(buffers).zip(&in_cache[..n]) {
+                    *r = cached.unwrap_or(buf);
+                }
+                let rows = &rows[..n];
+                clock.lap(Phase::Keys);
+                // 2. S^T = K Q^T
+                match &tiles {
+                    None => avx512::scores(token, rows, &sc.q, pairs, hp, &mut sc.s),
+                    Some(tiles) => {
+                        let shape = [n.next_multiple_of(TILE), hp, kp];
+                        let (keys, q, s) = (&sc.keys, &sc.q, &mut sc.s);
+                        amx::product(tiles, keys, kp, q, hp, s, hp, shape, CStart::Zero);
+                    }
+                }
+                clock.lap(Phase::Scores);
+                rows
+            };
             // 3. online softmax
             avx512::softmax(
                 token,
@@ -141,8 +147,10 @@ impl<'a> Stage1<'a> {
             );
             clock.lap(Phase::Softmax);
             // 4. acc = alpha * acc + P V
-            avx512::pack_values(token, rows, plan.kv_lora_rank, lp, &mut sc.v);
-            clock.lap(Phase::Values);
+            if !by_tile {
+                avx512::pack_values(token, rows, plan.kv_lora_rank, lp, &mut sc.v);
+                clock.lap(Phase::Values);
+            }
             let key_pairs = n.div_ceil(2);
             match &tiles {
                 None => avx512::accumulate(
@@ -180,6 +188,51 @@ impl<'a> Stage1<'a> {
         sc.state.write(1.0, plan.kv_lora_rank, o, lse);
     }
 
+    /// Steps 1, 2 and the packing of step 4 for the fp8 `keys` of a chunk on the vector
+    /// path, [`TILE_KEYS`] keys at a time: a tile's codes are decoded right before its
+    /// products, into rows that stay in L1 for the scores and the values, while the codes of
+    /// the tile after next are on their way, into the next chunk up to the work item's
+    /// `item_end` (NOTES.md). The shape is [`shape`]'s.
+    fn fp8_chunk(
+        &self,
+        request: usize,
+        keys: Range<usize>,
+        item_end: usize,
+        (hp, lp, pairs): (usize, usize, usize),
+        sc: &mut Scratch,
+        clock: &mut Clock,
+    ) {
+        let (token, plan) = (self.token, self.plan);
+        let d = plan.head_dim();
+        let width = 2 * pairs;
+        let tile_buf: &mut [u16] = bytemuck::cast_slice_mut(&mut sc.keys);
+        let tile_buf = &mut tile_buf[..TILE_KEYS * width];
+        for start in keys.clone().step_by(TILE_KEYS) {
+            let end = keys.end.min(start + TILE_KEYS);
+            let ahead = end + TILE_KEYS..end + 2 * TILE_KEYS;
+            for pos in ahead.start.min(item_end)..ahead.end.min(item_end) {
+                avx512::prefetch_l2(self.src.key_bytes(plan, request, pos, d));
+            }
+            let buffers = tile_buf.chunks_exact_mut(width);
+            for (pos, buf) in (start..end).zip(buffers) {
+                self.decode_row(request, pos, buf, &mut sc.row);
+            }
+            clock.lap(Phase::Keys);
+            let mut rows: [&[u16]; TILE_KEYS] = [&[]; TILE_KEYS];
+            for (r, buf) in rows.iter_mut().zip(tile_buf.chunks_exact(width)) {
+                *r = buf;
+            }
+            let rows = &rows[..end - start];
+            // A tile starts at an even key: its pairs are whole pairs of the chunk.
+            let j0 = start - keys.start;
+            avx512::scores(token, rows, &sc.q, pairs, hp, &mut sc.s[j0 * hp..]);
+            clock.lap(Phase::Scores);
+            let v = &mut sc.v[j0 / 2 * lp..];
+            avx512::pack_values(token, rows, plan.kv_lora_rank, lp, v);
+            clock.lap(Phase::Values);
+        }
+    }
+
     /// q of the group's heads as bf16 pairs `[pairs][hp]`, the padding heads and the odd
     /// dimension's partner zero. q holds bf16 values (this path takes a bf16 model dtype), so
     /// the bits are exact.
@@ -215,9 +268,10 @@ impl<'a> Stage1<'a> {
         let (values, pad) = dst.split_at_mut(d);
         pad.fill(0);
         match self.plan.kv_format {
-            KvFormat::Fp8E4m3 | KvFormat::Fp8E5m2 => {
-                avx512::fp8_to_bf16(self.token, &self.fp8, bytes, values);
-            }
+            KvFormat::Fp8E4m3 | KvFormat::Fp8E5m2 => match &self.fp8 {
+                Some(table) => fp8_lookup::fp8_to_bf16(self.token, table, bytes, values),
+                None => self.decode_through_f32(request, pos, values, f32_row),
+            },
             KvFormat::F16 => match bytemuck::try_cast_slice(bytes) {
                 Ok(f16s) => avx512::f16_to_bf16(self.token, f16s, values),
                 Err(_) => self.decode_through_f32(request, pos, values, f32_row),
