@@ -33,6 +33,7 @@
  *   MLA_MW         row groups per CTA: ROWS = 16 * MW heads
  *   MLA_BN         keys per tile (a multiple of 32)
  *   MLA_STAGES     tiles in the shared-memory ring (2 or more): STAGES - 1 tiles in flight
+ *   MLA_CTAS       CTAs an SM holds (the launch bounds' minimum)
  *   MLA_SCHED      1: the argument is a ScheduleParams, the grid (CTAs, head blocks), and
  *                  CTA (c, y) walks the pieces of its stretch of the schedule for head block
  *                  y (docs/scheduler.md; common/schedule.cuh) instead of computing split
@@ -514,19 +515,20 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
 
 }  // namespace
 
-// One row group: two CTAs per SM (the host picks a ring that leaves room for both). More row
-// groups have too many threads for two CTAs' registers.
+// MLA_CTAS CTAs an SM (the host's choice, with a ring that leaves them room): two of one row
+// group, three with an fp8 cache where shared memory holds them (registers: at most 168 a
+// thread), one of more row groups.
 #if MLA_SCHED
 // Scheduled (grid: CTAs x head blocks): CTA (c, y) walks its stretch of the cost line for
 // head block y, a piece per job it touches (common/schedule.cuh).
-extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decode_split(const ScheduleParams sp) {
+extern "C" __global__ void __launch_bounds__(THREADS, MLA_CTAS) mla_decode_split(const ScheduleParams sp) {
     allow_dependent_launch();  // the combine may start launching (it waits for our writes)
     wait_for_previous_grid();  // the scheduler's integers (a programmatic dependent launch on sm_90)
     const Smem sm = shared_layout();
     walk_pieces(sp, (sp.d.heads + ROWS - 1) / ROWS, [&](const Piece& pc) { decode_piece(sp.d, sm, pc); });
 }
 #else
-extern "C" __global__ void __launch_bounds__(THREADS, MW == 1 ? 2 : 1) mla_decode_split(const DecodeParams p) {
+extern "C" __global__ void __launch_bounds__(THREADS, MLA_CTAS) mla_decode_split(const DecodeParams p) {
     allow_dependent_launch();  // the combine may start launching (it waits for our writes)
     decode_piece(p, shared_layout(), grid_piece(p));
 }

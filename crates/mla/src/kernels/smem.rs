@@ -126,12 +126,12 @@ mod tests {
             v.smem_bytes(),
             74_752 + 4 * 37_376 + 5_120 + 1_024 + 4 * 256
         );
-        // fp8: four raw stages of 592 bytes per key (576 and the padding).
+        // fp8: two raw stages of 592 bytes per key (576 and the padding), three CTAs an SM.
         let v = mma_variant(16, bf16(KvFormat::Fp8E4m3), 232_448).unwrap();
-        assert_eq!(v.stages, 4);
+        assert_eq!((v.stages, v.ctas_per_sm), (2, 3));
         assert_eq!(
             v.smem_bytes(),
-            18_688 + 4 * 32 * 592 + 1_280 + 256 + 4 * 256
+            18_688 + 2 * 32 * 592 + 1_280 + 256 + 2 * 256
         );
         // The fp8 twin: 1 KB of alignment, q 64 x 576 x 2, P^T 64 x 64 x 2, three raw stages
         // of 64 keys x 592 bytes, three tiles of key offsets, 4 x 64 column maxima, 2 x 64

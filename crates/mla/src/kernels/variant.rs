@@ -130,6 +130,9 @@ pub(crate) struct Variant {
     pub grid: Grid,
     /// The query's numerics.
     pub query: QueryMode,
+    /// CTAs of this variant an SM holds at once: the mma kernel's launch bounds (`MLA_CTAS`)
+    /// and the slots the fill rule counts; one for the other families.
+    pub ctas_per_sm: usize,
 }
 
 impl Variant {
@@ -149,6 +152,7 @@ impl Variant {
                 format!("-DMLA_MW={}", self.row_warps),
                 format!("-DMLA_BN={MMA_TILE_KEYS}"),
                 format!("-DMLA_STAGES={}", self.stages),
+                format!("-DMLA_CTAS={}", self.ctas_per_sm),
             ]),
             Family::DecodeWgmma => d.extend([r, kv, pack]),
             Family::DecodeNarrow => d.extend([
@@ -172,10 +176,12 @@ impl Variant {
         d
     }
 
-    /// This variant on the device-computed schedule.
+    /// This variant on the device-computed schedule: at most two CTAs an SM (a scheduled mma
+    /// CTA walks its pieces in 186 to 200 registers, too many for three).
     pub(crate) fn scheduled(self) -> Variant {
         Variant {
             grid: Grid::Scheduled,
+            ctas_per_sm: self.ctas_per_sm.min(2),
             ..self
         }
     }
@@ -208,14 +214,9 @@ impl Variant {
         }
     }
 
-    /// CTAs of this stage-1 variant an SM holds (its launch bounds): two of the mma kernel
-    /// with one row group, else one.
+    /// CTAs of this stage-1 variant an SM holds (the field's doc).
     pub(crate) fn ctas_per_sm(&self) -> usize {
-        if self.family == Family::DecodeMma && self.row_warps == 1 {
-            2
-        } else {
-            1
-        }
+        self.ctas_per_sm
     }
 
     /// Heads of a query token a CTA takes (of `heads`): all of them where a CTA's rows are
