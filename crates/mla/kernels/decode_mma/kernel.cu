@@ -515,9 +515,9 @@ __device__ __forceinline__ void decode_piece(const DecodeParams& p, const Smem& 
 
 }  // namespace
 
-// MLA_CTAS CTAs an SM (the host's choice, with a ring that leaves them room): two of one row
-// group, three with an fp8 cache where shared memory holds them (registers: at most 168 a
-// thread), one of more row groups.
+// MLA_CTAS CTAs an SM (the host's choice, with a ring that leaves them room): up to two of
+// one row group, three with an fp8 cache (registers: at most 168 a thread), one of more row
+// groups; fewer where shared memory holds fewer.
 #if MLA_SCHED
 // Scheduled (grid: CTAs x head blocks): CTA (c, y) walks its stretch of the cost line for
 // head block y, a piece per job it touches (common/schedule.cuh).

@@ -59,13 +59,8 @@ impl KernelShape {
             rows: Rows::OneToken,
             grid: Grid::Split,
             query: self.query,
-            // Two mma CTAs of one row group an SM (its registers allow it); `mma_variant` may
-            // give an fp8 cache's three.
-            ctas_per_sm: if family == Family::DecodeMma && row_warps == 1 {
-                2
-            } else {
-                1
-            },
+            // The mma kernel's count is `mma_variant`'s.
+            ctas_per_sm: 1,
         }
     }
 
@@ -93,30 +88,29 @@ pub(crate) fn mma_variant(heads: usize, shape: KernelShape, smem_limit: usize) -
         ..shape.variant(Family::DecodeMma, row_warps, stages)
     };
     // Several CTAs on an SM hide each other's latencies better than a deeper ring in one CTA
-    // (H200: 252 us against 394 us at 128 x 4096 keys, 16 heads), so with one row group (the
-    // only size whose registers allow several CTAs, see the kernel's launch bounds) the
-    // deepest ring that keeps the most CTAs an SM wins; else the deepest that fits once. An
-    // fp8 cache's CTA fits three times with a ring of two tiles, and three beat two CTAs of
-    // four tiles by 1% to 9% on the large 16-head batches (128 x 16 x 16384: 585.5 -> 536.3
-    // us; H100, 2026-12-06). The SM has 1 KB more than a block may take, and each resident
-    // block reserves 1 KB.
-    let fits = |v: &Variant, n: usize| n * (v.smem_bytes() + 1024) <= smem_limit + 1024;
-    let most_ctas: &[usize] = if shape.kv.is_fp8() { &[3, 2] } else { &[2] };
+    // (H200: 252 us against 394 us at 128 x 4096 keys, 16 heads), so a variant takes the most
+    // CTAs an SM that its registers allow and shared memory holds, then the deepest ring that
+    // keeps that many. Registers: one row group two CTAs, or three with an fp8 cache (154 of
+    // the 168 a thread three allow; three with a ring of two tiles beat two of four by 1% to
+    // 9% on the large 16-head batches, 128 x 16 x 16384: 585.5 -> 536.3 us; H100,
+    // 2026-12-06); more row groups one. The SM has 1 KB more than a block may take, and each
+    // resident block reserves 1 KB.
+    let fits = |v: &Variant| v.ctas_per_sm * (v.smem_bytes() + 1024) <= smem_limit + 1024;
     [4, 2, 1]
         .into_iter()
         .filter(|&mw| mw <= want)
         .find_map(|mw| {
-            let ring = |ctas: usize| {
+            let most = match mw {
+                1 if shape.kv.is_fp8() => 3,
+                1 => 2,
+                _ => 1,
+            };
+            (1..=most).rev().find_map(|ctas| {
                 (2..=max_stages)
                     .rev()
-                    .map(move |stages| variant(mw, stages, ctas))
-            };
-            let shared = (mw == 1)
-                .then(|| most_ctas.iter().find_map(|&n| ring(n).find(|v| fits(v, n))))
-                .flatten();
-            // Else the deepest ring that fits once, with the launch bounds of the row groups.
-            let bounds = if mw == 1 { 2 } else { 1 };
-            shared.or_else(|| ring(bounds).find(|v| fits(v, 1)))
+                    .map(|stages| variant(mw, stages, ctas))
+                    .find(fits)
+            })
         })
 }
 
@@ -297,6 +291,7 @@ mod tests {
         assert_eq!(ctas(16, KvFormat::Fp8E4m3, 166_912), Some(2));
         assert_eq!(ctas(16, KvFormat::Bf16, 232_448), Some(2));
         assert_eq!(ctas(32, KvFormat::Fp8E4m3, 232_448), Some(1));
+        assert_eq!(ctas(16, KvFormat::Bf16, 101_376), Some(1)); // sm_86/89: one fits
         assert_eq!(stages(128, KvFormat::Bf16, 232_448), Some(4)); // one CTA: the deepest
         assert_eq!(stages(128, KvFormat::Bf16, 166_912), Some(2));
         assert_eq!(stages(16, KvFormat::Bf16, 166_912), Some(3));
