@@ -13,11 +13,11 @@ pub enum Phase {
     Keys,
     /// `S^T = K Q^T`.
     Scores,
-    /// The online softmax (P, the running max and sums).
-    Softmax,
     /// The chunk's values packed in key pairs (an fp8 cache on the vector path: a score tile's
     /// at a time).
     Values,
+    /// The online softmax (P, the running max and sums).
+    Softmax,
     /// The tile path's P^T and the output's rescale.
     Transpose,
     /// `acc += P V` (on the vector path with the rescale).
@@ -30,8 +30,8 @@ impl Phase {
     pub const ALL: [Phase; 6] = [
         Phase::Keys,
         Phase::Scores,
-        Phase::Softmax,
         Phase::Values,
+        Phase::Softmax,
         Phase::Transpose,
         Phase::Pv,
     ];

@@ -76,7 +76,6 @@ impl<'a> Stage1<'a> {
         let (token, plan) = (self.token, self.plan);
         let hg = lse.len();
         let (hp, lp, pairs) = shape(plan, hg);
-        let kp = pairs.next_multiple_of(TILE);
         let request = row / plan.query_len;
         // This thread's tiles, configured for the work item and released at its end.
         let tiles = self.tiles.map(TileUnit::configure);
@@ -86,53 +85,18 @@ impl<'a> Stage1<'a> {
         let mut clock = Clock::start();
 
         // An fp8 cache on the vector path decodes its keys a score tile at a time.
-        let by_tile = tiles.is_none() && plan.kv_format.is_fp8();
+        let by_tile = tiles.is_none() && self.fp8.is_some();
 
+        let shape = (hp, lp, pairs);
         for chunk in (keys.start..keys.end).step_by(KEY_CHUNK) {
             let n = KEY_CHUNK.min(keys.end - chunk);
-            let mut rows: [&[u16]; KEY_CHUNK] = [&[]; KEY_CHUNK];
-            let rows = if by_tile {
-                // 1, 2 and 4's packed values, tile by tile
-                let shape = (hp, lp, pairs);
+            // 1, 2 and the packing of 4: the chunk's rows as bf16, S^T, V in key pairs
+            if by_tile {
                 self.fp8_chunk(request, chunk..chunk + n, keys.end, shape, sc, &mut clock);
-                &rows[..0]
             } else {
-                // 1. keys: in place, or decoded into the chunk's buffer ([KEY_CHUNK][2 kp] bf16);
-                //    the tiles read whole tiles of 16 keys: the rows after n are zero
-                let key_buf: &mut [u16] = bytemuck::cast_slice_mut(&mut sc.keys);
-                key_buf[2 * kp * n..2 * kp * n.next_multiple_of(TILE)].fill(0);
-                let mut in_cache: [Option<&[u16]>; KEY_CHUNK] = [None; KEY_CHUNK];
-                let buffers = key_buf.chunks_exact_mut(2 * kp);
-                for ((r, buf), pos) in in_cache.iter_mut().zip(buffers).zip(chunk..chunk + n) {
-                    match self.cache_row(request, pos) {
-                        Some(row) if tiles.is_none() => *r = Some(row),
-                        Some(row) => {
-                            let (values, pad) = buf.split_at_mut(row.len());
-                            values.copy_from_slice(row);
-                            pad.fill(0);
-                        }
-                        None => self.decode_row(request, pos, buf, &mut sc.row),
-                    }
-                }
-                let key_buf: &[u16] = bytemuck::cast_slice(&sc.keys);
-                let buffers = key_buf.chunks_exact(2 * kp);
-                for ((r, buf), cached) in rows.iter_mut().zip(buffers).zip(&in_cache[..n]) {
-                    *r = cached.unwrap_or(buf);
-                }
-                let rows = &rows[..n];
-                clock.lap(Phase::Keys);
-                // 2. S^T = K Q^T
-                match &tiles {
-                    None => avx512::scores(token, rows, &sc.q, pairs, hp, &mut sc.s),
-                    Some(tiles) => {
-                        let shape = [n.next_multiple_of(TILE), hp, kp];
-                        let (keys, q, s) = (&sc.keys, &sc.q, &mut sc.s);
-                        amx::product(tiles, keys, kp, q, hp, s, hp, shape, CStart::Zero);
-                    }
-                }
-                clock.lap(Phase::Scores);
-                rows
-            };
+                let tiles = tiles.as_ref();
+                self.chunk(request, chunk..chunk + n, tiles, shape, sc, &mut clock);
+            }
             // 3. online softmax
             avx512::softmax(
                 token,
@@ -147,10 +111,6 @@ impl<'a> Stage1<'a> {
             );
             clock.lap(Phase::Softmax);
             // 4. acc = alpha * acc + P V
-            if !by_tile {
-                avx512::pack_values(token, rows, plan.kv_lora_rank, lp, &mut sc.v);
-                clock.lap(Phase::Values);
-            }
             let key_pairs = n.div_ceil(2);
             match &tiles {
                 None => avx512::accumulate(
@@ -186,6 +146,59 @@ impl<'a> Stage1<'a> {
         }
 
         sc.state.write(1.0, plan.kv_lora_rank, o, lse);
+    }
+
+    /// Steps 1, 2 and the packing of step 4 for the `keys` of a chunk, the products on
+    /// `tiles` or on vectors: the rows read in place (a bf16 cache on the vector path) or
+    /// copied or decoded into the chunk's buffer ([KEY_CHUNK][2 kp] bf16; the tiles read whole
+    /// tiles of 16 keys, so the rows after the chunk's are zero there). The shape is
+    /// [`shape`]'s.
+    fn chunk(
+        &self,
+        request: usize,
+        keys: Range<usize>,
+        tiles: Option<&amx::Tiles>,
+        (hp, lp, pairs): (usize, usize, usize),
+        sc: &mut Scratch,
+        clock: &mut Clock,
+    ) {
+        let (token, plan) = (self.token, self.plan);
+        let n = keys.len();
+        let kp = pairs.next_multiple_of(TILE);
+        let key_buf: &mut [u16] = bytemuck::cast_slice_mut(&mut sc.keys);
+        key_buf[2 * kp * n..2 * kp * n.next_multiple_of(TILE)].fill(0);
+        let mut in_cache: [Option<&[u16]>; KEY_CHUNK] = [None; KEY_CHUNK];
+        let buffers = key_buf.chunks_exact_mut(2 * kp);
+        for ((r, buf), pos) in in_cache.iter_mut().zip(buffers).zip(keys) {
+            match self.cache_row(request, pos) {
+                Some(row) if tiles.is_none() => *r = Some(row),
+                Some(row) => {
+                    let (values, pad) = buf.split_at_mut(row.len());
+                    values.copy_from_slice(row);
+                    pad.fill(0);
+                }
+                None => self.decode_row(request, pos, buf, &mut sc.row),
+            }
+        }
+        let key_buf: &[u16] = bytemuck::cast_slice(&sc.keys);
+        let mut rows: [&[u16]; KEY_CHUNK] = [&[]; KEY_CHUNK];
+        let buffers = key_buf.chunks_exact(2 * kp);
+        for ((r, buf), cached) in rows.iter_mut().zip(buffers).zip(&in_cache[..n]) {
+            *r = cached.unwrap_or(buf);
+        }
+        let rows = &rows[..n];
+        clock.lap(Phase::Keys);
+        match tiles {
+            None => avx512::scores(token, rows, &sc.q, pairs, hp, &mut sc.s),
+            Some(tiles) => {
+                let shape = [n.next_multiple_of(TILE), hp, kp];
+                let (keys, q, s) = (&sc.keys, &sc.q, &mut sc.s);
+                amx::product(tiles, keys, kp, q, hp, s, hp, shape, CStart::Zero);
+            }
+        }
+        clock.lap(Phase::Scores);
+        avx512::pack_values(token, rows, plan.kv_lora_rank, lp, &mut sc.v);
+        clock.lap(Phase::Values);
     }
 
     /// Steps 1, 2 and the packing of step 4 for the fp8 `keys` of a chunk on the vector
@@ -267,16 +280,15 @@ impl<'a> Stage1<'a> {
         let bytes = self.src.key_bytes(self.plan, request, pos, d);
         let (values, pad) = dst.split_at_mut(d);
         pad.fill(0);
-        match self.plan.kv_format {
-            KvFormat::Fp8E4m3 | KvFormat::Fp8E5m2 => match &self.fp8 {
-                Some(table) => fp8_lookup::fp8_to_bf16(self.token, table, bytes, values),
-                None => self.decode_through_f32(request, pos, values, f32_row),
-            },
-            KvFormat::F16 => match bytemuck::try_cast_slice(bytes) {
-                Ok(f16s) => avx512::f16_to_bf16(self.token, f16s, values),
-                Err(_) => self.decode_through_f32(request, pos, values, f32_row),
-            },
-            KvFormat::Bf16 => self.decode_through_f32(request, pos, values, f32_row),
+        // An fp8 cache has its table (`new`).
+        if let Some(table) = &self.fp8 {
+            return fp8_lookup::fp8_to_bf16(self.token, table, bytes, values);
+        }
+        match bytemuck::try_cast_slice(bytes) {
+            Ok(f16s) if self.plan.kv_format == KvFormat::F16 => {
+                avx512::f16_to_bf16(self.token, f16s, values);
+            }
+            _ => self.decode_through_f32(request, pos, values, f32_row),
         }
     }
 
