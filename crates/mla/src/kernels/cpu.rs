@@ -63,9 +63,10 @@ impl FromStr for CpuKernel {
             .into_iter()
             .find(|k| k.name() == s)
             .ok_or_else(|| {
+                let names: Vec<&str> = CpuKernel::ALL.iter().map(|k| k.name()).collect();
                 Error::config(
                     "cpu_kernel",
-                    format!("expected auto, amx-bf16, avx512-bf16 or portable, got {s:?}"),
+                    format!("expected one of {}, got {s:?}", names.join(", ")),
                 )
             })
     }

@@ -156,8 +156,7 @@ mod tests {
     /// partial chunks and partial tiles, for a cache read in place and decoded ones.
     #[test]
     fn the_tile_walk_matches_the_avx512_path() {
-        let Some(token) = avx512::Avx512Bf16::detect() else {
-            eprintln!("skipped: this CPU lacks AVX-512 BF16");
+        let Some(token) = avx512::Avx512Bf16::detect_or_skip() else {
             return;
         };
         for (kv, cache) in [
