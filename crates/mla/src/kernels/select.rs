@@ -385,11 +385,7 @@ mod tests {
         assert!(!n.schedulable());
         let mma = |h| mma_variant(h, bf16(KvFormat::Bf16), 232_448).unwrap();
         assert_eq!(
-            (
-                mma(16).ctas_per_sm(),
-                mma(128).ctas_per_sm(),
-                w.ctas_per_sm()
-            ),
+            (mma(16).ctas_per_sm, mma(128).ctas_per_sm, w.ctas_per_sm),
             (2, 1, 1)
         );
     }
@@ -467,7 +463,7 @@ mod tests {
                 seesaw.threads(),
                 seesaw.heads_per_cta(128),
                 seesaw.tile_keys(),
-                seesaw.ctas_per_sm()
+                seesaw.ctas_per_sm
             ),
             (256, 64, 64, 1)
         );

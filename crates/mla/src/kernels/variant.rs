@@ -214,11 +214,6 @@ impl Variant {
         }
     }
 
-    /// CTAs of this stage-1 variant an SM holds (the field's doc).
-    pub(crate) fn ctas_per_sm(&self) -> usize {
-        self.ctas_per_sm
-    }
-
     /// Heads of a query token a CTA takes (of `heads`): all of them where a CTA's rows are
     /// tokens x heads (packed variants, the narrow kernel), else a row group's worth.
     pub(crate) fn heads_per_cta(&self, heads: usize) -> usize {

@@ -238,13 +238,13 @@ pub(crate) fn fill_cost(
 ) -> f64 {
     let splits = splits.max(1);
     let split_keys = split_keys(b.max_span, splits);
-    let per_sm = pick.variant.ctas_per_sm();
+    let per_sm = pick.variant.ctas_per_sm;
     let slots = (per_sm * sm_count).max(1);
     let ctas = pick.ctas_per_split(b.rows, b.query_len, b.heads).max(1) * splits;
     let waves = ctas.div_ceil(slots) as f64;
     let tile = pick.variant.tile_keys().max(1);
     let unit_keys = if pick.tokens == 1 {
-        TILE * (kernels.decode.ctas_per_sm() / per_sm).max(1)
+        TILE * (kernels.decode.ctas_per_sm / per_sm).max(1)
     } else {
         TILE
     };

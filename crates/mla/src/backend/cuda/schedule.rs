@@ -44,7 +44,7 @@ impl CudaBackend {
             plan.rows,
             plan.heads,
             decode.heads_per_cta(plan.heads),
-            decode.ctas_per_sm(),
+            decode.ctas_per_sm,
             views.sm_count,
         );
         let (jobs, ctas) = (g.jobs, g.ctas);
