@@ -215,13 +215,16 @@ fn fill_splits(kernels: &KernelSet, sm_count: usize, kv_lora_rank: usize, b: &Ba
 ///   the SMs), each CTA taking 2 units of fixed cost (q, epilogue) plus one per 32 keys of
 ///   its split, rounded up to whole tiles of the variant (a split of 222 keys takes four
 ///   64-key tiles, as one of 256 does);
+/// - a CTA runs at the pace of the CTAs sharing its SM ([`sm_rate`]): one or two CTAs an SM
+///   each take a unit a tile, a third shares what the two leave. A wave's pace is its
+///   busiest SM's: the last wave of `n` CTAs puts `ceil(n / SMs)` on an SM;
 /// - an SM moves keys at the same rate whichever single-token kernel runs: a kernel of one CTA
 ///   an SM replacing the decoder's two (the seesaw or narrow kernel at 16 heads) moves a unit's
 ///   keys for each of the two (128 x 16 x 2048: one seesaw split 87.4 us, two mma splits 95.2;
 ///   H200, 2026-12-03);
 /// - the combine, when there are splits, costs a unit, a unit per 32 splits (its warps read a
 ///   row's splits side by side), and the f32 partials it moves (written and read) at the rate
-///   a wave moves key tiles (`slots` x 36 KB a unit).
+///   a full wave moves key tiles (36 KB a unit at each CTA's pace).
 ///
 /// A split holds at least one tile (32 keys): at batch 1 the fixed cost of a CTA is most of its
 /// time, and 32 splits of 1024 keys measured 10.8 us against 14.0 for 8 (H200, 16 heads).
@@ -238,26 +241,44 @@ pub(crate) fn fill_cost(
 ) -> f64 {
     let splits = splits.max(1);
     let split_keys = split_keys(b.max_span, splits);
-    let per_sm = pick.variant.ctas_per_sm;
-    let slots = (per_sm * sm_count).max(1);
+    let sm_count = sm_count.max(1);
+    let per_sm = pick.variant.ctas_per_sm.max(1);
+    let slots = per_sm * sm_count;
     let ctas = pick.ctas_per_split(b.rows, b.query_len, b.heads).max(1) * splits;
-    let waves = ctas.div_ceil(slots) as f64;
     let tile = pick.variant.tile_keys().max(1);
     let unit_keys = if pick.tokens == 1 {
-        TILE * (kernels.decode.ctas_per_sm / per_sm).max(1)
+        TILE as f64 * (sm_rate(kernels.decode.ctas_per_sm) / sm_rate(per_sm)).max(1.0)
     } else {
-        TILE
+        TILE as f64
     };
-    let tiles = (split_keys.div_ceil(tile) * tile) as f64 / unit_keys as f64;
-    let stage1 = waves * (2.0 + tiles);
+    let tiles = (split_keys.div_ceil(tile) * tile) as f64 / unit_keys;
+    // One CTA's time among `k` on its SM.
+    let cta = |k: usize| (2.0 + tiles) * k as f64 / sm_rate(k);
+    let (full_waves, last) = (ctas / slots, ctas % slots);
+    let mut stage1 = full_waves as f64 * cta(per_sm);
+    if last > 0 {
+        stage1 += cta(last.div_ceil(sm_count));
+    }
     let combine = if splits > 1 {
         // A launch, the splits' partials read side by side, the bytes.
         let partial_bytes = (b.rows * b.heads * splits * (kv_lora_rank + 1) * 8) as f64;
-        1.0 + splits as f64 / 32.0 + partial_bytes / (slots as f64 * 36_864.0)
+        let wave_bytes = sm_count as f64 * sm_rate(per_sm) * 36_864.0;
+        1.0 + splits as f64 / 32.0 + partial_bytes / wave_bytes
     } else {
         0.0
     };
     stage1 + combine
+}
+
+/// Tiles an SM moves a unit of time with `ctas` CTAs of one variant on it. One CTA is a chain
+/// of latencies that leaves the SM idle most of the time, so two move twice what one does; a
+/// third (the fp8 mma kernel's) adds a tenth of that, not half: on the H100 (2026-12-06,
+/// `0428a47`, one wave each) three CTAs an SM beat two by 1.09x where splits are long (128 x
+/// 16 x 16384 fp8: 3 splits 536.9 us, 2 splits 584.6) and lost where they are short (8 x 16 x
+/// 4096 fp8: 43 splits 23.8 us, 32 splits 21.7; 16 x 16 x 4096: 22 splits 33.0, 16 splits
+/// 30.4).
+fn sm_rate(ctas: usize) -> f64 {
+    ctas.min(2) as f64 + 0.2 * ctas.saturating_sub(2) as f64
 }
 
 /// `min(next_pow2(max(1, max_kv_len / 512)), 2 * sm_count)`, at least 1.
