@@ -7,6 +7,7 @@
 //! - `kernel`: which stage-1 path runs ([`CpuKernel`], the CPU's [`CpuFeatures`]).
 //! - `split_avx512`, `avx512` (x86-64): stage 1 with AVX-512 BF16 products, or with AMX-BF16
 //!   tile products (`amx`); `fp8_lookup`: an fp8 cache's bytes as their bf16 values.
+//! - `lines`: scratch buffers that start on a cache line.
 //! - `gemm`: the safe wrapper of the f32 GEMM the portable path's products use.
 //! - `phases`: the work item's time by phase (development feature `cpu-phase-times`).
 //!
@@ -22,6 +23,7 @@ mod fp8_lookup;
 mod gemm;
 mod inputs;
 mod kernel;
+mod lines;
 pub(crate) mod phases;
 mod split;
 #[cfg(target_arch = "x86_64")]

@@ -29,6 +29,7 @@ use super::avx512::Avx512Bf16;
 use super::gemm::{Mat, gemm};
 use super::inputs::HostInputs;
 use super::kernel::CpuPath;
+use super::lines::LineBuf;
 #[cfg(target_arch = "x86_64")]
 use super::split_avx512;
 use crate::dtype::{FP8_P_SCALE, round_e4m3};
@@ -75,7 +76,7 @@ pub const HEAD_GROUP: usize = 128;
 pub(super) struct SoftmaxState {
     pub m: Vec<f32>,
     pub l: Vec<f32>,
-    pub acc: Vec<f32>,
+    pub acc: LineBuf<f32>,
     stride: usize,
 }
 
@@ -84,7 +85,7 @@ impl SoftmaxState {
         SoftmaxState {
             m: vec![0.0; heads],
             l: vec![0.0; heads],
-            acc: vec![0.0; heads * stride],
+            acc: LineBuf::zeroed(heads * stride),
             stride,
         }
     }

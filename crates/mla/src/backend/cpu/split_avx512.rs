@@ -25,6 +25,7 @@ use super::amx::{self, CStart, TILE, TileUnit};
 use super::avx512::{self, Avx512Bf16, LANES, TILE_KEYS};
 use super::fp8_lookup::{self, Fp8Table};
 use super::inputs::HostInputs;
+use super::lines::LineBuf;
 use super::phases::{Clock, Phase};
 use super::split::SoftmaxState;
 use crate::dtype::KvFormat;
@@ -131,7 +132,7 @@ impl<'a> Stage1<'a> {
                     amx::transpose_pairs(&sc.p, key_pairs, hp, &mut sc.pt, ld);
                     // A head whose running max did not move keeps its sums as they are
                     // (x * 1 is x): most heads, after the first chunks.
-                    for (acc, &a) in sc.state.acc.chunks_exact_mut(lp).zip(&sc.alpha) {
+                    for (acc, &a) in sc.state.acc.chunks_exact_mut(lp).zip(sc.alpha.iter()) {
                         if a != 1.0 {
                             acc.iter_mut().for_each(|x| *x *= a);
                         }
@@ -303,18 +304,18 @@ impl<'a> Stage1<'a> {
     }
 }
 
-/// Per-thread buffers of one work item (`hp` heads rounded up to 16, `lp` = L rounded up to
+/// Per-thread buffers of one work item, each from the start of a cache line (`hp` heads rounded up to 16, `lp` = L rounded up to
 /// 16, `pairs` = D / 2 rounded up, `kp` = pairs rounded up to 16: the tiles' whole steps).
 pub struct Scratch {
-    q: Vec<u32>,         // [kp][hp]
+    q: LineBuf<u32>,     // [kp][hp]
     row: Vec<f32>,       // [D]: a q or key row as f32
-    keys: Vec<u32>,      // [KEY_CHUNK][kp]: bf16 pairs (u32, for the tiles' A operand)
-    pt: Vec<u32>,        // [hp][KEY_CHUNK / 2]: P^T for the tiles
-    s: Vec<f32>,         // [KEY_CHUNK][hp]
-    p: Vec<u32>,         // [KEY_CHUNK / 2][hp]
-    v: Vec<u32>,         // [KEY_CHUNK / 2][lp]
+    keys: LineBuf<u32>,  // [KEY_CHUNK][kp]: bf16 pairs (u32, for the tiles' A operand)
+    pt: LineBuf<u32>,    // [hp][KEY_CHUNK / 2]: P^T for the tiles
+    s: LineBuf<f32>,     // [KEY_CHUNK][hp]
+    p: LineBuf<u32>,     // [KEY_CHUNK / 2][hp]
+    v: LineBuf<u32>,     // [KEY_CHUNK / 2][lp]
     state: SoftmaxState, // acc [hp][lp]
-    alpha: Vec<f32>,     // [hp]
+    alpha: LineBuf<f32>, // [hp]
 }
 
 impl Scratch {
@@ -322,15 +323,15 @@ impl Scratch {
         let (hp, lp, pairs) = shape(plan, heads);
         let kp = pairs.next_multiple_of(TILE);
         Scratch {
-            q: vec![0; kp * hp],
+            q: LineBuf::zeroed(kp * hp),
             row: vec![0.0; plan.head_dim()],
-            keys: vec![0; KEY_CHUNK * kp],
-            pt: vec![0; hp * KEY_CHUNK / 2],
-            s: vec![0.0; KEY_CHUNK * hp],
-            p: vec![0; KEY_CHUNK / 2 * hp],
-            v: vec![0; KEY_CHUNK / 2 * lp],
+            keys: LineBuf::zeroed(KEY_CHUNK * kp),
+            pt: LineBuf::zeroed(hp * KEY_CHUNK / 2),
+            s: LineBuf::zeroed(KEY_CHUNK * hp),
+            p: LineBuf::zeroed(KEY_CHUNK / 2 * hp),
+            v: LineBuf::zeroed(KEY_CHUNK / 2 * lp),
             state: SoftmaxState::new(hp, lp),
-            alpha: vec![0.0; hp],
+            alpha: LineBuf::zeroed(hp),
         }
     }
 }
