@@ -518,19 +518,6 @@ fn scalar_tile_dot(
     }
 }
 
-/// P `[pairs][hp]` (the softmax's key pairs by head) as A rows `[hp][ld]` (a head's key
-/// pairs), the pairs from `pairs` to `ld` zero.
-pub fn transpose_pairs(p: &[u32], pairs: usize, hp: usize, pt: &mut [u32], ld: usize) {
-    assert!(pairs <= ld && p.len() >= pairs * hp, "transpose_pairs: p");
-    assert!(pt.len() >= hp * ld, "transpose_pairs: pt");
-    for (h, row) in pt.chunks_exact_mut(ld).take(hp).enumerate() {
-        for (j, x) in row[..pairs].iter_mut().enumerate() {
-            *x = p[j * hp + h];
-        }
-        row[pairs..].fill(0);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use half::bf16;
@@ -623,8 +610,12 @@ mod tests {
         let p: Vec<u32> = (0..key_pairs * hp)
             .map(|i| pair(pv(i % hp, 2 * (i / hp)), pv(i % hp, 2 * (i / hp) + 1)))
             .collect();
-        let mut pt = vec![u32::MAX; hp * kp_p];
-        transpose_pairs(&p, key_pairs, hp, &mut pt, kp_p);
+        let mut pt = vec![0u32; hp * kp_p];
+        for h in 0..hp {
+            for jp in 0..key_pairs {
+                pt[h * kp_p + jp] = p[jp * hp + h];
+            }
+        }
         let mut v = vec![0u32; kp_p * lp];
         for jp in 0..key_pairs {
             for c in 0..lp {
@@ -654,20 +645,6 @@ mod tests {
                     (f64::from(acc[h * lp + c]) - want).abs() < 1e-5,
                     "acc[{h}][{c}]"
                 );
-            }
-        }
-    }
-
-    #[test]
-    fn transposed_p_pads_with_zero_pairs() {
-        let (pairs, hp, ld) = (3, 16, 16);
-        let p: Vec<u32> = (1..=(pairs * hp) as u32).collect();
-        let mut pt = vec![u32::MAX; hp * ld];
-        transpose_pairs(&p, pairs, hp, &mut pt, ld);
-        for h in 0..hp {
-            for j in 0..ld {
-                let want = if j < pairs { p[j * hp + h] } else { 0 };
-                assert_eq!(pt[h * ld + j], want, "pt[{h}][{j}]");
             }
         }
     }

@@ -367,6 +367,102 @@ fn pack_pair(lo: &[u16], hi: Option<&[u16]>, dst: &mut [u32]) {
     }
 }
 
+/// P `[pairs][hp]` (the softmax's key pairs by head) as rows `[hp][ld]` (a head's key pairs:
+/// the tiles' A operand of `P V`), the pairs from `pairs` to `ld` zero. 16 x 16 blocks
+/// transposed in registers: the scalar loop it replaces cost about as much as a product's
+/// tile loads at 128 heads.
+///
+/// # Panics
+/// If `hp` or `ld` is not a multiple of 16, or a slice is shorter than the shapes say
+/// (internal invariants).
+pub fn transpose_pairs(
+    _: Avx512Bf16,
+    p: &[u32],
+    pairs: usize,
+    hp: usize,
+    pt: &mut [u32],
+    ld: usize,
+) {
+    assert!(
+        hp.is_multiple_of(LANES) && ld.is_multiple_of(LANES) && pairs <= ld,
+        "transpose_pairs: shape"
+    );
+    assert!(p.len() >= pairs * hp, "transpose_pairs: p");
+    assert!(pt.len() >= hp * ld, "transpose_pairs: pt");
+    for j0 in (0..ld).step_by(LANES) {
+        let rows = pairs.saturating_sub(j0).min(LANES);
+        for h0 in (0..hp).step_by(LANES) {
+            // SAFETY: the asserts above: rows j0 .. j0 + rows < pairs of p hold heads h0 ..
+            // h0 + 16 <= hp; rows h0 .. h0 + 16 of pt hold pairs j0 .. j0 + 16 <= ld. The
+            // token proves the CPU features.
+            unsafe {
+                transpose_block(
+                    p.as_ptr().add(j0 * hp + h0),
+                    hp,
+                    rows,
+                    pt.as_mut_ptr().add(h0 * ld + j0),
+                    ld,
+                )
+            };
+        }
+    }
+}
+
+/// One 16 x 16 block: `dst[c][r] = src[r][c]` for rows `r < rows` of `src` (the rest zero).
+///
+/// # Safety
+/// AVX-512F; `src` reads `rows` (at most 16) rows of 16 values `src_ld` apart, `dst` writes 16
+/// rows of 16 values `dst_ld` apart.
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose_block(
+    src: *const u32,
+    src_ld: usize,
+    rows: usize,
+    dst: *mut u32,
+    dst_ld: usize,
+) {
+    let mut r = [_mm512_setzero_si512(); 16];
+    for (i, x) in r.iter_mut().enumerate().take(rows) {
+        // SAFETY: row i < rows of the caller's src.
+        *x = unsafe { _mm512_loadu_si512(src.add(i * src_ld).cast()) };
+    }
+    // Rows 2i, 2i + 1 interleaved by 32 bits, then rows 4g .. 4g + 4 by 64: u[4g + c] holds,
+    // in 128-bit lane k, column 4k + c of rows 4g .. 4g + 4. (Loops, not closures: a closure
+    // does not take this function's target features.)
+    let mut t = [_mm512_setzero_si512(); 16];
+    for i in (0..16).step_by(2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    let mut u = [_mm512_setzero_si512(); 16];
+    for g in (0..16).step_by(4) {
+        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+    }
+    // Lanes across the four row groups: column 4k + c gathers lane k of u[c], u[4 + c],
+    // u[8 + c], u[12 + c].
+    for c in 0..4 {
+        let (g0, g1, g2, g3) = (u[c], u[4 + c], u[8 + c], u[12 + c]);
+        // Lanes 0 and 2, and 1 and 3, of two groups each.
+        let v02_01 = _mm512_shuffle_i32x4::<0x88>(g0, g1);
+        let v13_01 = _mm512_shuffle_i32x4::<0xdd>(g0, g1);
+        let v02_23 = _mm512_shuffle_i32x4::<0x88>(g2, g3);
+        let v13_23 = _mm512_shuffle_i32x4::<0xdd>(g2, g3);
+        let cols = [
+            (c, _mm512_shuffle_i32x4::<0x88>(v02_01, v02_23)),
+            (c + 8, _mm512_shuffle_i32x4::<0xdd>(v02_01, v02_23)),
+            (c + 4, _mm512_shuffle_i32x4::<0x88>(v13_01, v13_23)),
+            (c + 12, _mm512_shuffle_i32x4::<0xdd>(v13_01, v13_23)),
+        ];
+        for (col, x) in cols {
+            // SAFETY: row col < 16 of the caller's dst.
+            unsafe { _mm512_storeu_si512(dst.add(col * dst_ld).cast(), x) };
+        }
+    }
+}
+
 /// f16 values to bf16 bits, rounded to nearest even (NaN stays NaN), as
 /// `bf16::from_f32(f16 as f32)`.
 pub fn f16_to_bf16(_: Avx512Bf16, src: &[u16], dst: &mut [u16]) {
@@ -501,6 +597,36 @@ mod tests {
             _mm512_storeu_ps(out.as_mut_ptr(), y);
         }
         out[0]
+    }
+
+    #[test]
+    fn transposed_p_is_each_head_s_pairs_padded_with_zero() {
+        let Some(t) = Avx512Bf16::detect_or_skip() else {
+            return;
+        };
+        for (pairs, hp, ld) in [
+            (3, 16, 16),
+            (0, 16, 16),
+            (16, 16, 16),
+            (17, 32, 64),
+            (64, 128, 64),
+        ] {
+            let p: Vec<u32> = (1..=(pairs * hp) as u32)
+                .map(|x| x.wrapping_mul(2_654_435_761))
+                .collect();
+            let mut pt = vec![u32::MAX; hp * ld];
+            transpose_pairs(t, &p, pairs, hp, &mut pt, ld);
+            for h in 0..hp {
+                for j in 0..ld {
+                    let want = if j < pairs { p[j * hp + h] } else { 0 };
+                    assert_eq!(
+                        pt[h * ld + j],
+                        want,
+                        "{pairs} x {hp}, ld {ld}: pt[{h}][{j}]"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -129,7 +129,7 @@ impl<'a> Stage1<'a> {
                     let pairs_p = key_pairs.next_multiple_of(TILE);
                     sc.v[key_pairs * lp..pairs_p * lp].fill(0);
                     let ld = KEY_CHUNK / 2;
-                    amx::transpose_pairs(&sc.p, key_pairs, hp, &mut sc.pt, ld);
+                    avx512::transpose_pairs(token, &sc.p, key_pairs, hp, &mut sc.pt, ld);
                     // A head whose running max did not move keeps its sums as they are
                     // (x * 1 is x): most heads, after the first chunks.
                     for (acc, &a) in sc.state.acc.chunks_exact_mut(lp).zip(sc.alpha.iter()) {
