@@ -7,7 +7,9 @@
 //!
 //! Layout of a product `C[m][n] += sum_k A[m][k] . B[k][n]` (`u32` = two bf16, the lower
 //! one first; `m`, `n`, `k` multiples of 16, `k` in pairs):
-//! - A `[m][lda]` u32: row i holds the pairs of its own values (a key row, a head's P);
+//! - A `[m][lda]` u32: row i holds the pairs of its own values (a key row, a head's P),
+//!   given as one slice a tile of 16 rows (each from the tile's first row, `lda` apart), so
+//!   that a tile can be read where it lies (16 keys of a page) or from a buffer;
 //! - B `[k][ldb]` u32, "VNNI" pairs: row p holds, for each column, the pair of values of
 //!   rows 2p, 2p + 1 (packed q `[D/2][hp]`, packed V `[keys/2][lp]`);
 //! - C `[m][ldc]` f32.
@@ -204,8 +206,9 @@ impl Drop for Tiles {
     }
 }
 
-/// One 16 x 16 block of C: the element offsets of its C, and of the first A and B tiles of
-/// its `k / 16` steps (A moves 16 pairs right a step, B 16 pair rows down).
+/// One 16 x 16 block of C: the element offset of its C, the index of its A tile (16 rows) and
+/// the element offset of its first B tile, for its `k / 16` steps (A moves 16 pairs right a
+/// step, B 16 pair rows down).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct TileJob {
     c: usize,
@@ -223,12 +226,12 @@ enum Block {
 
 impl Block {
     /// The four C tiles of a 2 x 2 block from `job` (its first), `[i][j]` at index 2 i + j.
-    fn four(job: TileJob, lda: usize, ldc: usize) -> [TileJob; 4] {
+    fn four(job: TileJob, ldc: usize) -> [TileJob; 4] {
         std::array::from_fn(|t| {
             let (i, j) = (t / 2, t % 2);
             TileJob {
                 c: job.c + i * TILE * ldc + j * TILE,
-                a: job.a + i * TILE * lda,
+                a: job.a + i,
                 b: job.b + j * TILE,
             }
         })
@@ -236,22 +239,22 @@ impl Block {
 
     /// Its C tiles as jobs of their own (what the scalar model and the tests walk).
     #[cfg(test)]
-    fn tiles(self, lda: usize, ldc: usize) -> Vec<TileJob> {
+    fn tiles(self, ldc: usize) -> Vec<TileJob> {
         match self {
             Block::One(job) => vec![job],
-            Block::Four(job) => Block::four(job, lda, ldc).to_vec(),
+            Block::Four(job) => Block::four(job, ldc).to_vec(),
         }
     }
 }
 
 /// The blocks of an `[m, n]` C: 2 x 2 tiles where both dimensions have 32 more, single tiles
 /// along the rest; rows of blocks first (A's rows stay warm across a row).
-fn blocks(m: usize, n: usize, lda: usize, ldc: usize) -> impl Iterator<Item = Block> {
+fn blocks(m: usize, n: usize, ldc: usize) -> impl Iterator<Item = Block> {
     let (m2, n2) = (m - m % (2 * TILE), n - n % (2 * TILE));
     // The C tile at row i, column j (its first A and B tiles).
     let at = move |i: usize, j: usize| TileJob {
         c: i * ldc + j,
-        a: i * lda,
+        a: i / TILE,
         b: j,
     };
     let four = (0..m2).step_by(2 * TILE).flat_map(move |i| {
@@ -269,6 +272,49 @@ fn blocks(m: usize, n: usize, lda: usize, ldc: usize) -> impl Iterator<Item = Bl
     four.chain(right).chain(below)
 }
 
+/// Most A tiles of a product: 128 rows (a chunk's keys, a work item's heads).
+pub const MAX_A_TILES: usize = 8;
+
+/// A product's A operand, a slice a tile of 16 rows (each from the tile's first row, its rows
+/// the product's `lda` apart): the tiles of one buffer, or tiles from wherever they lie.
+pub struct ATiles<'a> {
+    tiles: [&'a [u32]; MAX_A_TILES],
+    len: usize,
+}
+
+impl<'a> ATiles<'a> {
+    /// No tiles yet.
+    pub fn new() -> Self {
+        ATiles {
+            tiles: [&[]; MAX_A_TILES],
+            len: 0,
+        }
+    }
+
+    /// The `m / 16` tiles of `a` (`[m][lda]`, one buffer).
+    pub fn of(a: &'a [u32], lda: usize, m: usize) -> Self {
+        let mut tiles = ATiles::new();
+        for t in 0..m / TILE {
+            tiles.push(&a[(t * TILE * lda).min(a.len())..]);
+        }
+        tiles
+    }
+
+    /// Appends the next tile.
+    ///
+    /// # Panics
+    /// Past [`MAX_A_TILES`] (internal invariant).
+    pub fn push(&mut self, tile: &'a [u32]) {
+        assert!(self.len < MAX_A_TILES, "ATiles: full");
+        self.tiles[self.len] = tile;
+        self.len += 1;
+    }
+
+    fn as_slice(&self) -> &[&'a [u32]] {
+        &self.tiles[..self.len]
+    }
+}
+
 /// Where a product's sums start: C's values (`c += a b`), or zero (`c = a b`: C's tiles are
 /// zeroed in the tile unit, never read).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -279,7 +325,7 @@ pub enum CStart {
 
 /// `c[i][j] = start + sum_p a[i][p] . b[p][j]` (bf16 pairs, f32 sums; `start` C's value or 0,
 /// [`CStart`]) for `[m, n, k]` (multiples of 16, `k` > 0 pairs), with row strides `lda`,
-/// `ldb`, `ldc` in elements.
+/// `ldb`, `ldc` in elements; A's rows `16 t ..` are those of `a[t]` (`m / 16` tiles).
 ///
 /// # Panics
 /// If a shape is not a multiple of 16 or a slice is shorter than the shapes say (internal
@@ -287,7 +333,7 @@ pub enum CStart {
 #[allow(clippy::too_many_arguments)]
 pub fn product(
     tiles: &Tiles,
-    a: &[u32],
+    a: &ATiles,
     lda: usize,
     b: &[u32],
     ldb: usize,
@@ -301,24 +347,28 @@ pub fn product(
         "product: shape"
     );
     // The last element each operand's tiles read is its [rows - 1][cols - 1].
-    assert!(k <= lda && a.len() >= (m - 1) * lda + k, "product: a");
+    let a = a.as_slice();
+    assert!(
+        k <= lda && a.len() == m / TILE && a.iter().all(|t| t.len() >= (TILE - 1) * lda + k),
+        "product: a"
+    );
     assert!(n <= ldb && b.len() >= (k - 1) * ldb + n, "product: b");
     assert!(n <= ldc && c.len() >= (m - 1) * ldc + n, "product: c");
     let steps = k / TILE;
-    for block in blocks(m, n, lda, ldc) {
+    for block in blocks(m, n, ldc) {
         match tiles.unit {
             // SAFETY: the token inside `tiles` proves AMX-BF16 and the configuration of all
             // eight tiles on this thread; the asserts above keep every tile inside its slice:
             // a block's C tiles are whole 16 x 16 tiles of the [m][n] C (`blocks`), so C rows
-            // c + r * ldc + 0..16, A rows a + 16 s + r * lda + 0..16 and B rows b + (16 s + r)
-            // * ldb + 0..16 for r < 16, s < steps, for each of its tiles' (c, a, b).
+            // c + r * ldc + 0..16, rows 16 s + r * lda + 0..16 of A tile a[a] and B rows b +
+            // (16 s + r) * ldb + 0..16 for r < 16, s < steps, for each of its tiles' (c, a, b).
             TileUnit::Amx(_) => unsafe {
                 match block {
                     Block::One(job) => tile_dot(
                         start,
                         c.as_mut_ptr().add(job.c),
                         4 * ldc,
-                        a.as_ptr().add(job.a),
+                        a[job.a].as_ptr(),
                         4 * lda,
                         b.as_ptr().add(job.b),
                         4 * ldb,
@@ -327,12 +377,12 @@ pub fn product(
                     Block::Four(job) => {
                         // Tiles [0][0] and [1][0]: the rows of C and A; the right-hand
                         // tiles are 64 bytes on.
-                        let [t0, _, t1, _] = Block::four(job, lda, ldc);
+                        let [t0, _, t1, _] = Block::four(job, ldc);
                         tile_dot_2x2(
                             start,
                             [c.as_mut_ptr().add(t0.c), c.as_mut_ptr().add(t1.c)],
                             4 * ldc,
-                            [a.as_ptr().add(t0.a), a.as_ptr().add(t1.a)],
+                            [a[t0.a].as_ptr(), a[t1.a].as_ptr()],
                             4 * lda,
                             b.as_ptr().add(t0.b),
                             4 * ldb,
@@ -343,13 +393,13 @@ pub fn product(
             },
             #[cfg(test)]
             TileUnit::Scalar => {
-                for job in block.tiles(lda, ldc) {
+                for job in block.tiles(ldc) {
                     if start == CStart::Zero {
                         for r in 0..TILE {
                             c[job.c + r * ldc..job.c + r * ldc + TILE].fill(0.0);
                         }
                     }
-                    scalar_tile_dot(job, a, lda, b, ldb, c, ldc, steps);
+                    scalar_tile_dot(job, a[job.a], lda, b, ldb, c, ldc, steps);
                 }
             }
         }
@@ -488,8 +538,9 @@ unsafe fn tile_dot_2x2(
     }
 }
 
-/// A scalar model of [`tile_dot`] on element offsets: the same tiles, each `tdpbf16ps` as
-/// `C[r][j] += A[r][p].lo B[p][j].lo + A[r][p].hi B[p][j].hi` over the tile's 16 pairs.
+/// A scalar model of [`tile_dot`] on element offsets (`a` the job's A tile): the same tiles,
+/// each `tdpbf16ps` as `C[r][j] += A[r][p].lo B[p][j].lo + A[r][p].hi B[p][j].hi` over the
+/// tile's 16 pairs.
 #[cfg(test)]
 #[allow(clippy::too_many_arguments)]
 fn scalar_tile_dot(
@@ -504,7 +555,7 @@ fn scalar_tile_dot(
 ) {
     let half = |x: u32, hi: bool| f32::from_bits(if hi { x & 0xffff_0000 } else { x << 16 });
     for s in 0..steps {
-        let (a0, b0) = (job.a + TILE * s, job.b + TILE * s * ldb);
+        let (a0, b0) = (TILE * s, job.b + TILE * s * ldb);
         for r in 0..TILE {
             for j in 0..TILE {
                 let mut sum = c[job.c + r * ldc + j];
@@ -571,11 +622,16 @@ mod tests {
                 q[p * hp + h] = pair(qv(h, 2 * p), qv(h, 2 * p + 1));
             }
         }
-        // S starts from zero whatever it held: NaN there would show in every score.
+        // S starts from zero whatever it held: NaN there would show in every score. The second
+        // key tile comes from a buffer of its own (tiles are read wherever they lie).
         let mut s = vec![f32::NAN; keys_p * hp];
+        let second = k[TILE * pairs_p..].to_vec();
+        let mut a = ATiles::new();
+        a.push(&k);
+        a.push(&second);
         product(
             &tiles,
-            &k,
+            &a,
             pairs_p,
             &q,
             hp,
@@ -626,7 +682,7 @@ mod tests {
         let mut acc: Vec<f32> = (0..hp * lp).map(|i| acc0(i / lp, i % lp)).collect();
         product(
             &tiles,
-            &pt,
+            &ATiles::of(&pt, kp_p, hp),
             kp_p,
             &v,
             lp,
@@ -652,14 +708,14 @@ mod tests {
     #[test]
     fn blocks_cover_c_once_in_tiles() {
         for (m, n) in [(48, 32), (64, 80), (16, 16), (32, 48), (96, 16)] {
-            let (lda, ldc) = (m + 8, n + 8);
-            let all: Vec<Block> = blocks(m, n, lda, ldc).collect();
+            let ldc = n + 8;
+            let all: Vec<Block> = blocks(m, n, ldc).collect();
             let fours = all.iter().filter(|b| matches!(b, Block::Four(_))).count();
             assert_eq!(fours, (m / 32) * (n / 32), "{m} x {n}: 2 x 2 blocks");
             let mut seen = vec![0u8; m * ldc];
-            for job in all.iter().flat_map(|b| b.tiles(lda, ldc)) {
+            for job in all.iter().flat_map(|b| b.tiles(ldc)) {
                 let (i, j) = (job.c / ldc, job.c % ldc);
-                assert_eq!((job.a, job.b), (i * lda, j), "{m} x {n}: tile at {i}, {j}");
+                assert_eq!((job.a, job.b), (i / TILE, j), "{m} x {n}: tile at {i}, {j}");
                 for r in 0..TILE {
                     for x in 0..TILE {
                         seen[(i + r) * ldc + j + x] += 1;

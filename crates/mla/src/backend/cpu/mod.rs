@@ -161,19 +161,24 @@ mod tests {
         let Some(token) = avx512::Avx512Bf16::detect_or_skip() else {
             return;
         };
-        for (kv, cache) in [
-            (KvFormat::Bf16, CacheDtype::Bf16),
-            (KvFormat::F16, CacheDtype::F16),
-            (KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3),
+        // Pages of 16 on one split: a bf16 cache's whole tiles read in place. Pages of 64 on
+        // three splits of 100 keys: tiles that lie in one page read in place, those across
+        // two pages copied.
+        for (kv, cache, page, splits) in [
+            (KvFormat::Bf16, CacheDtype::Bf16, 16, None),
+            (KvFormat::F16, CacheDtype::F16, 16, None),
+            (KvFormat::Fp8E4m3, CacheDtype::Fp8E4m3, 16, None),
+            (KvFormat::Bf16, CacheDtype::Bf16, 64, Some(3)),
         ] {
             let mut spec = ProblemSpec::new(20, vec![300, 77, 1]);
             spec.kv_format = kv;
-            spec.page_size = 16;
+            spec.page_size = page;
             let problem = Problem::generate(&spec).unwrap();
             let inputs = problem.inputs().unwrap();
             let mut cfg = MlaConfig::new(20, 192f32.powf(-0.5));
             cfg.kv_cache_dtype = cache;
             cfg.tuning.cpu_kernel = CpuKernel::Avx512Bf16;
+            cfg.num_kv_splits = splits;
             let mut dec = MlaDecode::new(&cfg, Device::Cpu).unwrap();
             let mut want = Outputs::poisoned(&problem);
             let plan = dec.forward(&inputs, &mut want.views().unwrap()).unwrap();

@@ -21,7 +21,7 @@ use std::ops::Range;
 
 use half::bf16;
 
-use super::amx::{self, CStart, TILE, TileUnit};
+use super::amx::{self, ATiles, CStart, TILE, TileUnit};
 use super::avx512::{self, Avx512Bf16, LANES, TILE_KEYS};
 use super::fp8_lookup::{self, Fp8Table};
 use super::inputs::HostInputs;
@@ -139,8 +139,9 @@ impl<'a> Stage1<'a> {
                     }
                     clock.lap(Phase::Transpose);
                     let shape = [hp, lp, pairs_p];
-                    let (pt, v, acc) = (&sc.pt, &sc.v, &mut sc.state.acc);
-                    amx::product(tiles, pt, ld, v, lp, acc, lp, shape, CStart::Load);
+                    let pt = ATiles::of(&sc.pt, ld, hp);
+                    let (v, acc) = (&sc.v, &mut sc.state.acc);
+                    amx::product(tiles, &pt, ld, v, lp, acc, lp, shape, CStart::Load);
                 }
             }
             clock.lap(Phase::Pv);
@@ -150,10 +151,11 @@ impl<'a> Stage1<'a> {
     }
 
     /// Steps 1, 2 and the packing of step 4 for the `keys` of a chunk, the products on
-    /// `tiles` or on vectors: the rows read in place (a bf16 cache on the vector path) or
-    /// copied or decoded into the chunk's buffer ([KEY_CHUNK][2 kp] bf16; the tiles read whole
-    /// tiles of 16 keys, so the rows after the chunk's are zero there). The shape is
-    /// [`shape`]'s.
+    /// `tiles` or on vectors: the rows read in place (a bf16 cache on the vector path, and on
+    /// the tile path the whole tiles of 16 keys that lie in place as the buffer would hold
+    /// them, [`Stage1::tile_in_place`]) or copied or decoded into the chunk's buffer
+    /// ([KEY_CHUNK][2 kp] bf16; the tiles read whole tiles of 16 keys, so the rows after the
+    /// chunk's are zero there). The shape is [`shape`]'s.
     fn chunk(
         &self,
         request: usize,
@@ -168,11 +170,23 @@ impl<'a> Stage1<'a> {
         let kp = pairs.next_multiple_of(TILE);
         let key_buf: &mut [u16] = bytemuck::cast_slice_mut(&mut sc.keys);
         key_buf[2 * kp * n..2 * kp * n.next_multiple_of(TILE)].fill(0);
+        let mut in_place: [Option<&[u32]>; KEY_CHUNK / TILE] = [None; KEY_CHUNK / TILE];
+        // Only where the scores read each key tile once (up to 32 heads: one block of C tiles
+        // across): read in place by more blocks, the tiles' loads wait on DRAM in the
+        // products (NOTES.md, "Key tiles read where they lie").
+        if tiles.is_some() && hp <= 2 * TILE {
+            for (t, tile) in in_place.iter_mut().enumerate() {
+                let pos = keys.start + t * TILE;
+                if pos + TILE <= keys.end {
+                    *tile = self.tile_in_place(request, pos, kp);
+                }
+            }
+        }
         let mut in_cache: [Option<&[u16]>; KEY_CHUNK] = [None; KEY_CHUNK];
         let buffers = key_buf.chunks_exact_mut(2 * kp);
-        for ((r, buf), pos) in in_cache.iter_mut().zip(buffers).zip(keys) {
+        for (i, ((r, buf), pos)) in in_cache.iter_mut().zip(buffers).zip(keys).enumerate() {
             match self.cache_row(request, pos) {
-                Some(row) if tiles.is_none() => *r = Some(row),
+                Some(row) if tiles.is_none() || in_place[i / TILE].is_some() => *r = Some(row),
                 Some(row) => {
                     let (values, pad) = buf.split_at_mut(row.len());
                     values.copy_from_slice(row);
@@ -192,9 +206,13 @@ impl<'a> Stage1<'a> {
         match tiles {
             None => avx512::scores(token, rows, &sc.q, pairs, hp, &mut sc.s),
             Some(tiles) => {
-                let shape = [n.next_multiple_of(TILE), hp, kp];
-                let (keys, q, s) = (&sc.keys, &sc.q, &mut sc.s);
-                amx::product(tiles, keys, kp, q, hp, s, hp, shape, CStart::Zero);
+                let m = n.next_multiple_of(TILE);
+                let mut keys = ATiles::new();
+                for (t, tile) in in_place[..m / TILE].iter().enumerate() {
+                    keys.push(tile.unwrap_or(&sc.keys[t * TILE * kp..]));
+                }
+                let (q, s) = (&sc.q, &mut sc.s);
+                amx::product(tiles, &keys, kp, q, hp, s, hp, [m, hp, kp], CStart::Zero);
             }
         }
         clock.lap(Phase::Scores);
@@ -261,6 +279,20 @@ impl<'a> Stage1<'a> {
                 sc.q[(i / 2) * hp + h] |= bits << (16 * (i % 2));
             }
         }
+    }
+
+    /// Keys `pos .. pos + 16` of `request` as an A tile where they lie: a bf16 cache whose
+    /// rows follow one another at the buffer's stride (`2 kp` values, so D is a multiple of
+    /// 32 and the rows unpadded), all 16 in one page, on a 4-byte boundary. Read there, the
+    /// tile skips the copy into the chunk's buffer; the copy otherwise waited on DRAM.
+    fn tile_in_place(&self, request: usize, pos: usize, kp: usize) -> Option<&'a [u32]> {
+        let (plan, d) = (self.plan, self.plan.head_dim());
+        let (page, stride) = (plan.kv.page_size, plan.kv.token_stride);
+        let whole = plan.kv_format == KvFormat::Bf16 && d == 2 * kp && stride == d;
+        if !whole || pos % page + TILE > page {
+            return None;
+        }
+        bytemuck::try_cast_slice(self.src.key_bytes(plan, request, pos, TILE * d)).ok()
     }
 
     /// A bf16 key row as it lies in the cache, when its values are what the products take and
