@@ -14,8 +14,13 @@ const FILL: SplitRule = SplitRule::Fill {
 /// The kernels of a `heads`-head decoder over a bf16 cache on a GPU of 132 SMs and an
 /// H200's shared memory: Hopper's (`hopper`) or only the mma kernel.
 fn kernels(heads: usize, hopper: bool, choice: KernelChoice) -> KernelSet {
+    kernels_over(CacheDtype::Bf16, heads, hopper, choice)
+}
+
+/// The same over a cache of `cache`.
+fn kernels_over(cache: CacheDtype, heads: usize, hopper: bool, choice: KernelChoice) -> KernelSet {
     let mut c = MlaConfig::new(heads, 0.1);
-    c.kv_cache_dtype = CacheDtype::Bf16;
+    c.kv_cache_dtype = cache;
     c.tuning.kernel = choice;
     let device = DeviceInfo::Cuda {
         name: "Test GPU".into(),
@@ -418,20 +423,7 @@ fn a_third_cta_an_sm_counts_at_its_own_pace() {
     // The fp8 mma kernel runs three CTAs an SM on Hopper. Counted at two CTAs' pace each, the
     // rule cut short batches into 43, 22 and 12 splits; the counts below were the fastest of
     // each sweep (H100, 2026-12-06: 8 x 16 x 4096 on 32 splits 21.7 us against 23.8 on 43).
-    let mut c = MlaConfig::new(16, 0.1);
-    c.kv_cache_dtype = CacheDtype::Fp8E4m3;
-    let device = DeviceInfo::Cuda {
-        name: "Test GPU".into(),
-        capability: Capability { major: 9, minor: 0 },
-        sm_count: 132,
-        smem_per_block: 232_448,
-    };
-    let gpu = Gpu {
-        hopper: true,
-        smem_limit: 232_448,
-        sm_count: 132,
-    };
-    let k = KernelSet::for_decoder(&c.validate(&device).unwrap(), gpu, true).unwrap();
+    let k = kernels_over(CacheDtype::Fp8E4m3, 16, true, KernelChoice::Auto);
     assert_eq!(k.decode.ctas_per_sm, 3);
     for ((rows, len), want) in [
         ((8, 4096), 32),
