@@ -151,10 +151,10 @@ mod tests {
     use crate::synth::{Outputs, Problem, ProblemSpec};
     use crate::{Device, MlaDecode};
 
-    /// The whole amx-bf16 work item (keys copied or decoded into whole tiles, q, P^T and V
-    /// padded to whole tiles, the rescale before the tile product) with the scalar model of
-    /// `tdpbf16ps` in place of the AMX unit, against the AVX-512 BF16 path: the same products
-    /// summed in another order. 20 heads (a padded second head tile) and lengths that end in
+    /// The whole amx-bf16 work item (key tiles read in place, or keys copied or decoded into
+    /// whole tiles; q, P^T and V padded to whole tiles, the rescale before the tile product)
+    /// with the scalar model of `tdpbf16ps` in place of the AMX unit, against the AVX-512 BF16
+    /// path: the same products summed in another order. 20 heads (a padded second head tile) and lengths that end in
     /// partial chunks and partial tiles, for a cache read in place and decoded ones.
     #[test]
     fn the_tile_walk_matches_the_avx512_path() {

@@ -2,11 +2,13 @@
 //! `split.rs` with bf16 products.
 //!
 //! Per key chunk of [`KEY_CHUNK`]:
-//! 1. the chunk's key rows as bf16: a bf16 cache is read where it lies (copied into the
-//!    chunk's buffer on the tile path, whose loads take rows a fixed stride apart), an f16 or
-//!    fp8 cache is decoded into the chunk's buffer (the decoder's values, so the same numbers
-//!    as every other path; an fp8 cache on the vector path a score tile of keys at a time,
-//!    each tile's keys right before its products and its packed values, `Stage1::fp8_chunk`);
+//! 1. the chunk's key rows as bf16: a bf16 cache is read where it lies (on the tile path,
+//!    whose loads take rows a fixed stride apart, only whole tiles of 16 keys that lie as the
+//!    chunk's buffer would hold them, at up to 32 heads; the other rows copied into it), an
+//!    f16 or fp8 cache is decoded into the chunk's buffer (the decoder's values, so the same
+//!    numbers as every other path; an fp8 cache on the vector path a score tile of keys at a
+//!    time, each tile's keys right before its products and its packed values,
+//!    `Stage1::fp8_chunk`);
 //! 2. `S^T = K Q^T` with f32 sums (`avx512::scores`, or `amx::product` on tiles);
 //! 3. the online softmax, 16 heads a vector: P rounded to bf16, the row sum unrounded;
 //! 4. `acc = alpha * acc + P V` with V the chunk's rows packed in key pairs
@@ -336,8 +338,9 @@ impl<'a> Stage1<'a> {
     }
 }
 
-/// Per-thread buffers of one work item, each from the start of a cache line (`hp` heads rounded up to 16, `lp` = L rounded up to
-/// 16, `pairs` = D / 2 rounded up, `kp` = pairs rounded up to 16: the tiles' whole steps).
+/// Per-thread buffers of one work item, each from the start of a cache line (`hp` heads
+/// rounded up to 16, `lp` = L rounded up to 16, `pairs` = D / 2 rounded up, `kp` = pairs
+/// rounded up to 16: the tiles' whole steps).
 pub struct Scratch {
     q: LineBuf<u32>,     // [kp][hp]
     row: Vec<f32>,       // [D]: a q or key row as f32
