@@ -14,12 +14,11 @@ use bytemuck::{Pod, Zeroable};
 const LINE_BYTES: usize = 64;
 
 /// A cache line: the unit a [`LineBuf`] is allocated in.
-#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+#[derive(Clone, Copy, Pod, Zeroable)]
 #[repr(C, align(64))]
 struct Line([u8; LINE_BYTES]);
 
 /// `len` values of `T` from the start of a cache line, zero when made.
-#[derive(Debug, Clone)]
 pub struct LineBuf<T> {
     lines: Vec<Line>,
     len: usize,
