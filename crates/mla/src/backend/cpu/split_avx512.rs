@@ -29,13 +29,19 @@ use super::fp8_lookup::{self, Fp8Table};
 use super::inputs::HostInputs;
 use super::lines::LineBuf;
 use super::phases::{Clock, Phase};
-use super::split::SoftmaxState;
+use super::split::{HEAD_GROUP, SoftmaxState};
 use crate::dtype::KvFormat;
 use crate::plan::{DecodePlan, KeyRange};
 
 /// Keys per softmax step. 128 beat 64 and 256 on a 2-core AVX-512 EPYC: the chunk's packed
 /// values, scores and the accumulator of 128 heads stay inside its 1 MB L2.
 pub const KEY_CHUNK: usize = 128;
+
+// A chunk's keys (the scores) and a work item's heads (`P V`) are each one product's A tiles.
+const _: () = assert!(
+    KEY_CHUNK / TILE <= amx::MAX_A_TILES
+        && HEAD_GROUP.next_multiple_of(LANES) / TILE <= amx::MAX_A_TILES
+);
 
 /// What every work item of a decode reads: the plan, the inputs, and how a key row becomes
 /// bf16.
