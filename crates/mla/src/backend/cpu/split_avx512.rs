@@ -53,6 +53,11 @@ pub struct Stage1<'a> {
     src: &'a HostInputs<'a>,
     /// The decoder's value of each fp8 byte, as bf16 bits (an fp8 cache).
     fp8: Option<Fp8Table>,
+    /// Whether the tile path may read a bf16 cache's key tiles where they lie: its rows
+    /// follow one another at the chunk buffer's stride (D a multiple of 32, the rows
+    /// unpadded), so 16 keys of a page are a tile as the buffer would hold them
+    /// ([`Stage1::tile_in_place`]).
+    tiles_in_place: bool,
 }
 
 impl<'a> Stage1<'a> {
@@ -63,12 +68,17 @@ impl<'a> Stage1<'a> {
         plan: &'a DecodePlan,
         src: &'a HostInputs<'a>,
     ) -> Self {
+        let d = plan.head_dim();
         Stage1 {
             token,
             tiles,
             plan,
             src,
             fp8: plan.kv_format.is_fp8().then(|| Fp8Table::of(&src.decoder)),
+            tiles_in_place: tiles.is_some()
+                && plan.kv_format == KvFormat::Bf16
+                && d.is_multiple_of(2 * TILE)
+                && plan.kv.token_stride == d,
         }
     }
 
@@ -182,11 +192,11 @@ impl<'a> Stage1<'a> {
         // Only where the scores read each key tile once (up to 32 heads: one block of C tiles
         // across): read in place by more blocks, the tiles' loads wait on DRAM in the
         // products (NOTES.md, "Key tiles read where they lie").
-        if tiles.is_some() && hp <= 2 * TILE {
+        if self.tiles_in_place && hp <= 2 * TILE {
             for (t, tile) in in_place.iter_mut().enumerate() {
                 let pos = keys.start + t * TILE;
                 if pos + TILE <= keys.end {
-                    *tile = self.tile_in_place(request, pos, kp);
+                    *tile = self.tile_in_place(request, pos);
                 }
             }
         }
@@ -215,12 +225,12 @@ impl<'a> Stage1<'a> {
             None => avx512::scores(token, rows, &sc.q, pairs, hp, &mut sc.s),
             Some(tiles) => {
                 let m = n.next_multiple_of(TILE);
-                let mut keys = ATiles::new();
+                let mut a = ATiles::new();
                 for (t, tile) in in_place[..m / TILE].iter().enumerate() {
-                    keys.push(tile.unwrap_or(&sc.keys[t * TILE * kp..]));
+                    a.push(tile.unwrap_or(&sc.keys[t * TILE * kp..]));
                 }
                 let (q, s) = (&sc.q, &mut sc.s);
-                amx::product(tiles, &keys, kp, q, hp, s, hp, [m, hp, kp], CStart::Zero);
+                amx::product(tiles, &a, kp, q, hp, s, hp, [m, hp, kp], CStart::Zero);
             }
         }
         clock.lap(Phase::Scores);
@@ -289,18 +299,18 @@ impl<'a> Stage1<'a> {
         }
     }
 
-    /// Keys `pos .. pos + 16` of `request` as an A tile where they lie: a bf16 cache whose
-    /// rows follow one another at the buffer's stride (`2 kp` values, so D is a multiple of
-    /// 32 and the rows unpadded), all 16 in one page, on a 4-byte boundary. Read there, the
-    /// tile skips the copy into the chunk's buffer; the copy otherwise waited on DRAM.
-    fn tile_in_place(&self, request: usize, pos: usize, kp: usize) -> Option<&'a [u32]> {
-        let (plan, d) = (self.plan, self.plan.head_dim());
-        let (page, stride) = (plan.kv.page_size, plan.kv.token_stride);
-        let whole = plan.kv_format == KvFormat::Bf16 && d == 2 * kp && stride == d;
-        if !whole || pos % page + TILE > page {
+    /// Keys `pos .. pos + 16` of `request` as an A tile where they lie, for a decoder whose
+    /// cache allows it (`tiles_in_place`): all 16 in one page, on a 4-byte boundary. Read
+    /// there, the tile skips the copy into the chunk's buffer, which waits on DRAM.
+    fn tile_in_place(&self, request: usize, pos: usize) -> Option<&'a [u32]> {
+        let (plan, page) = (self.plan, self.plan.kv.page_size);
+        if pos % page + TILE > page {
             return None;
         }
-        bytemuck::try_cast_slice(self.src.key_bytes(plan, request, pos, TILE * d)).ok()
+        let bytes = self
+            .src
+            .key_bytes(plan, request, pos, TILE * plan.head_dim());
+        bytemuck::try_cast_slice(bytes).ok()
     }
 
     /// A bf16 key row as it lies in the cache, when its values are what the products take and
