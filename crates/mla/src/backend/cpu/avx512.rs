@@ -368,9 +368,8 @@ fn pack_pair(lo: &[u16], hi: Option<&[u16]>, dst: &mut [u32]) {
 }
 
 /// P `[pairs][hp]` (the softmax's key pairs by head) as rows `[hp][ld]` (a head's key pairs:
-/// the tiles' A operand of `P V`), the pairs from `pairs` to `ld` zero. 16 x 16 blocks
-/// transposed in registers: the scalar loop it replaces cost about as much as a product's
-/// tile loads at 128 heads.
+/// the tiles' A operand of `P V`), the pairs from `pairs` to `ld` zero, 16 x 16 blocks at a
+/// time transposed in registers.
 ///
 /// # Panics
 /// If `hp` or `ld` is not a multiple of 16, or a slice is shorter than the shapes say
