@@ -16,6 +16,9 @@ pub(crate) const WGMMA_ROWS: usize = 64;
 pub(crate) const NARROW_ROWS: usize = 16;
 /// Warps of a combine CTA (its `WARPS`).
 pub(crate) const COMBINE_WARPS: usize = 8;
+/// The most CTAs an SM of a scheduled stage-1 variant: a scheduled mma CTA walks its pieces in
+/// 186 to 200 registers, too many for three (what the scheduled workspace is sized for).
+pub(crate) const SCHEDULED_CTAS_PER_SM: usize = 2;
 
 /// How the cache's elements reach the products (the kernels' `MLA_KV`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -176,12 +179,12 @@ impl Variant {
         d
     }
 
-    /// This variant on the device-computed schedule: at most two CTAs an SM (a scheduled mma
-    /// CTA walks its pieces in 186 to 200 registers, too many for three).
+    /// This variant on the device-computed schedule: at most [`SCHEDULED_CTAS_PER_SM`] CTAs
+    /// an SM.
     pub(crate) fn scheduled(self) -> Variant {
         Variant {
             grid: Grid::Scheduled,
-            ctas_per_sm: self.ctas_per_sm.min(2),
+            ctas_per_sm: self.ctas_per_sm.min(SCHEDULED_CTAS_PER_SM),
             ..self
         }
     }

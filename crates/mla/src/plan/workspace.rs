@@ -9,6 +9,7 @@
 
 use super::schedule;
 use crate::error::{Error, Result};
+use crate::kernels::variant::SCHEDULED_CTAS_PER_SM;
 
 /// Alignment of every view into the workspace, in bytes.
 pub const ALIGN: usize = 256;
@@ -166,9 +167,10 @@ pub fn scheduled_workspace(
             .checked_mul(heads.checked_add(63)?)?
             .checked_add(sm_count.checked_mul(64)?.max(heads.checked_add(63)?))?;
         let lse = slot_rows.checked_mul(4)?;
-        // The most integers: one head block, two CTAs an SM (no larger than the slot rows
-        // just checked, so they cannot overflow).
-        let ints = schedule::ScheduledGrid::new(rows, 16, 16, 2, sm_count).ints();
+        // The most integers: one head block, the most CTAs an SM of a scheduled variant (no
+        // larger than the slot rows just checked, so they cannot overflow).
+        let per_sm = SCHEDULED_CTAS_PER_SM;
+        let ints = schedule::ScheduledGrid::new(rows, 16, 16, per_sm, sm_count).ints();
         Some([lse.checked_mul(kv_lora_rank)?, lse, ints.checked_mul(4)?])
     })()
     .ok_or_else(|| Error::Overflow {
