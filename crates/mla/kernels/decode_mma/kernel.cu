@@ -153,17 +153,27 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, in
 /// Step 2c: a tile of keys into stage `s`, from the offsets computed a tile earlier. Warp w
 /// takes keys w, w + WARPS, ...; lane l the key's 16-byte chunks l, l + 32, ... Every trip
 /// count is a compile-time constant, so each copy costs one instruction and a predicate.
-/// Keys without an offset are zero-filled and never read.
+/// Keys without an offset are zero-filled and never read. With one row group (a warp copies
+/// 8 keys) the warp's offsets are all read before its first copy: a copy (asm with a memory
+/// clobber) keeps a later shared load behind it, so each key's copy waited for its offset in
+/// turn. With more row groups a warp copies 2 keys, and the 4-group scheduled variant had no
+/// registers for it (it spilled).
 __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, const i64* offsets, int s) {
     constexpr int WARPS = THREADS / 32;
     constexpr int LANE_STEPS = (CHUNKS + 31) / 32;
+    constexpr bool OFFSETS_FIRST = MW == 1;
     static_assert(BN % WARPS == 0, "every warp takes the same number of keys");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     unsigned char* stage = sm.stage(s);
+    i64 offs[BN / WARPS];
+    if constexpr (OFFSETS_FIRST) {
+#pragma unroll
+        for (int jj = 0; jj < BN / WARPS; ++jj) offs[jj] = offsets[warp + jj * WARPS];
+    }
 #pragma unroll
     for (int jj = 0; jj < BN / WARPS; ++jj) {
         const int j = warp + jj * WARPS;
-        const i64 off = offsets[j];
+        const i64 off = OFFSETS_FIRST ? offs[jj] : offsets[j];
         const bool valid = off >= 0;
         // An invalid key copies nothing; its address stays inside the cache's first row.
         const unsigned char* src = (const unsigned char*)p.kv + (valid ? off : 0) + lane * 16;
