@@ -87,21 +87,34 @@ __device__ __forceinline__ void first_offsets(const DecodeParams& p, int req, Ke
 /// a key; compile-time trip counts). offset(j): key j's byte offset in the cache, < 0 for a
 /// key that is zero-filled and never read (called once a key by every lane of its warp);
 /// dst(j, c): the shared address of piece c of key j.
-template <int BN, int PIECES, int WARPS, typename Offset, typename Dst>
+///
+/// A warp reads AHEAD keys' offsets before it copies them. A copy is asm with a memory
+/// clobber, so an offset read from shared memory after a copy waits behind it: read one at a
+/// time (AHEAD 1), each key's copies wait on their own offset's load (in the mma kernel's
+/// copies, which read all of a warp's offsets first now, that was about 9% of the stall
+/// samples at 16 heads: decode_mma/NOTES.md). More AHEAD costs two registers an offset.
+template <int BN, int PIECES, int WARPS, int AHEAD, typename Offset, typename Dst>
 __device__ __forceinline__ void copy_keys(const DecodeParams& p, Offset offset, int first_warp, Dst dst) {
+    constexpr int KEYS = BN / WARPS;  // a warp's
     constexpr int LANE_STEPS = (PIECES + 31) / 32;
+    static_assert(BN % WARPS == 0 && KEYS % AHEAD == 0, "every warp takes whole groups of keys");
     const int warp = threadIdx.x / 32 - first_warp, lane = threadIdx.x % 32;
 #pragma unroll
-    for (int jj = 0; jj < BN / WARPS; ++jj) {
-        const int j = warp + jj * WARPS;
-        const i64 off = offset(j);
-        const bool valid = off >= 0;
-        const unsigned char* src = (const unsigned char*)p.kv + (valid ? off : 0);
+    for (int j0 = 0; j0 < KEYS; j0 += AHEAD) {
+        i64 offs[AHEAD];
 #pragma unroll
-        for (int k = 0; k < LANE_STEPS; ++k) {
-            const int c = lane + 32 * k;
-            if (PIECES % 32 == 0 || k + 1 < LANE_STEPS || c < PIECES) {
-                cp_async16(dst(j, c), src + (valid ? c * 16 : 0), valid);
+        for (int a = 0; a < AHEAD; ++a) offs[a] = offset(warp + (j0 + a) * WARPS);
+#pragma unroll
+        for (int a = 0; a < AHEAD; ++a) {
+            const int j = warp + (j0 + a) * WARPS;
+            const bool valid = offs[a] >= 0;
+            const unsigned char* src = (const unsigned char*)p.kv + (valid ? offs[a] : 0);
+#pragma unroll
+            for (int k = 0; k < LANE_STEPS; ++k) {
+                const int c = lane + 32 * k;
+                if (PIECES % 32 == 0 || k + 1 < LANE_STEPS || c < PIECES) {
+                    cp_async16(dst(j, c), src + (valid ? c * 16 : 0), valid);
+                }
             }
         }
     }

@@ -86,6 +86,8 @@ constexpr bool V_OWN_HALF = !MLA_PACK && !MLA_SCHED;
 constexpr bool PACK = MLA_PACK != 0;      // rows of several query tokens
 constexpr int KV_ELEM = FP8 ? 1 : 2;      // bytes per cache element
 constexpr int KEY_PIECES = D * KV_ELEM / 16;  // 16-byte pieces per cache row
+// Keys a warp's copies read the offsets of before copying them (common/keys.cuh, copy_keys).
+constexpr int KEYS_AHEAD = 4;
 constexpr int TILE_BYTES = M * D * 2;     // a swizzled 16-bit tile of 64 rows (BN == M)
 // q: 16-bit, or in the fp8-query mode its e4m3 codes (64-byte swizzle), which the scores
 // multiply with the raw fp8 keys on fp8 wgmma; the 16-bit q lands in the converted tile first.
@@ -147,7 +149,7 @@ template <int WARPS>
 __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, const i64* offsets, int s,
                                           int first_warp) {
     const u32 stage = smem_addr(sm.stage(s));
-    copy_keys<BN, KEY_PIECES, WARPS>(p, [offsets](int j) { return offsets[j]; }, first_warp, [stage](int j, int c) {
+    copy_keys<BN, KEY_PIECES, WARPS, KEYS_AHEAD>(p, [offsets](int j) { return offsets[j]; }, first_warp, [stage](int j, int c) {
         return stage + (QFP8  ? swizzled64<BN>(j, c)
                         : FP8 ? j * (D * KV_ELEM) + c * 16
                               : swizzled<BN>(j, c));
