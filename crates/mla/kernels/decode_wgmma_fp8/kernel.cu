@@ -83,8 +83,6 @@ constexpr int BN = 64;           // keys per tile
 constexpr int THREADS = 256;     // two warpgroups
 constexpr int ROW = D + 16;      // bytes per staged key (codes, padded)
 constexpr int KEY_PIECES = D / 16;
-// Keys a warp's copies read the offsets of before copying them (common/keys.cuh, copy_keys).
-constexpr int KEYS_AHEAD = 4;
 constexpr int GROUPS = D / 64;   // the scores' 64-column groups
 constexpr int COLS = L / 2;      // latent columns per warpgroup
 constexpr int MT = COLS / 64;    // m-tiles of O^T per warpgroup
@@ -155,7 +153,7 @@ namespace {
 template <int WARPS, typename Offset>
 __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, Offset offset, int s, int first_warp) {
     const u32 stage = sm.addr(sm.stage(s));
-    copy_keys<BN, KEY_PIECES, WARPS, KEYS_AHEAD>(p, offset, first_warp, [stage](int j, int c) { return stage + j * ROW + c * 16; });
+    copy_keys<BN, KEY_PIECES, WARPS, 1>(p, offset, first_warp, [stage](int j, int c) { return stage + j * ROW + c * 16; });
 }
 
 /// The in-step loop's: key j's offset from the stage's tile of offsets.
