@@ -53,6 +53,9 @@ pub struct Stage1<'a> {
     src: &'a HostInputs<'a>,
     /// The decoder's value of each fp8 byte, as bf16 bits (an fp8 cache).
     fp8: Option<Fp8Table>,
+    /// Whether key rows are read where they lie ([`Stage1::cache_row`]): a bf16 cache, whose
+    /// values are what the products take, of an even D (the scores read pairs).
+    rows_in_place: bool,
     /// Whether the tile path may read a bf16 cache's key tiles where they lie: its rows
     /// follow one another at the chunk buffer's stride (D a multiple of 32, the rows
     /// unpadded), so 16 keys of a page are a tile as the buffer would hold them
@@ -69,14 +72,16 @@ impl<'a> Stage1<'a> {
         src: &'a HostInputs<'a>,
     ) -> Self {
         let d = plan.head_dim();
+        let rows_in_place = plan.kv_format == KvFormat::Bf16 && d.is_multiple_of(2);
         Stage1 {
             token,
             tiles,
             plan,
             src,
             fp8: plan.kv_format.is_fp8().then(|| Fp8Table::of(&src.decoder)),
+            rows_in_place,
             tiles_in_place: tiles.is_some()
-                && plan.kv_format == KvFormat::Bf16
+                && rows_in_place
                 && d.is_multiple_of(2 * TILE)
                 && plan.kv.token_stride == d,
         }
@@ -313,13 +318,13 @@ impl<'a> Stage1<'a> {
         bytemuck::try_cast_slice(bytes).ok()
     }
 
-    /// A bf16 key row as it lies in the cache, when its values are what the products take and
-    /// it holds an even count of them (the scores read pairs).
+    /// A bf16 key row as it lies in the cache, for a decoder whose cache allows it
+    /// (`rows_in_place`) where the row sits on a 2-byte boundary.
     fn cache_row(&self, request: usize, pos: usize) -> Option<&'a [u16]> {
-        let d = self.plan.head_dim();
-        if self.plan.kv_format != KvFormat::Bf16 || !d.is_multiple_of(2) {
+        if !self.rows_in_place {
             return None;
         }
+        let d = self.plan.head_dim();
         bytemuck::try_cast_slice(self.src.key_bytes(self.plan, request, pos, d)).ok()
     }
 
