@@ -158,7 +158,9 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const Smem& sm, in
 /// clobber) keeps a later shared load behind it, so each key's copy waited for its offset in
 /// turn. With more row groups a warp copies 2 keys, and the 4-group scheduled variant had no
 /// registers for it (it spilled). The same walk as common/keys.cuh's copy_keys, written out:
-/// through copy_keys (its addresses formed per piece) that variant spilled 16 to 20 bytes.
+/// through copy_keys the 4-group scheduled variants spilled, 16 to 20 bytes with its
+/// addresses formed per piece, 44 (sm_90a, the other 16-bit cache) with them formed per key
+/// as here.
 __device__ __forceinline__ void load_tile(const DecodeParams& p, const Smem& sm, const i64* offsets, int s) {
     constexpr int WARPS = THREADS / 32;
     constexpr int LANE_STEPS = (CHUNKS + 31) / 32;
